@@ -59,6 +59,10 @@ class ModelSpec(_Strict):
     num_cpus_per_replica: float = Field(default=0.5, gt=0, description="Logical CPUs reserved by each replica.")
     max_batch_size: int = Field(default=16, ge=1, le=1024, description="Most requests executed in one forward pass.")
     batch_wait_timeout_ms: float = Field(default=5.0, ge=0, description="Longest a batch waits to fill, in milliseconds.")
+    policies: dict[str, "PolicySpec"] = Field(
+        default_factory=dict,
+        description="Per-model policies by role ('batching', 'token_adaptation', 'polymorphing', ...); override the spec-wide ones.",
+    )
 
     @model_validator(mode="after")
     def _check_kind_fields(self) -> "ModelSpec":
@@ -122,6 +126,14 @@ class DeploymentSpec(_Strict):
             seen.add(model.name)
         return models
 
+    def policy(self, role: str, model: str | None = None) -> PolicySpec | None:
+        """The policy for `role`: the model's own if it names one, else the spec-wide one, else None."""
+        if model is not None:
+            own = self.model(model).policies.get(role)
+            if own is not None:
+                return own
+        return self.policies.get(role)
+
     def model(self, name: str) -> ModelSpec:
         for model in self.models:
             if model.name == name:
@@ -154,3 +166,6 @@ def spec_json_schema() -> str:
 
 def is_valid_model_name(name: str) -> bool:
     return re.match(MODEL_NAME_PATTERN, name) is not None
+
+
+ModelSpec.model_rebuild()
