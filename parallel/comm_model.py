@@ -1,0 +1,82 @@
+"""Alpha-beta communication model: time = alpha + beta * bytes, fitted to measured transfers and collectives.
+
+The profiler (`parallel.profiler`) measures actor-to-actor sends and the all-reduce / all-gather of a
+tensor-parallel group at several sizes; `fit_alpha_beta` fits the classic latency-bandwidth model by least
+squares (Hockney's alpha-beta model, the cost model of Alpa's intra-op pass), and `CommModel` answers what the
+inter-op and intra-op passes ask: the cost of receiving a stage's input and of a collective over `degree` shards.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class AlphaBeta(BaseModel):
+    """time_s = alpha_s + beta_s_per_byte * bytes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    alpha_s: float = Field(ge=0, description="Fixed cost of one operation, in seconds.")
+    beta_s_per_byte: float = Field(ge=0, description="Cost per byte moved, in seconds per byte.")
+    num_samples: int = Field(default=0, ge=0, description="Measurements the fit used.")
+
+    def cost_s(self, num_bytes: float) -> float:
+        return self.alpha_s + self.beta_s_per_byte * float(num_bytes)
+
+
+def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float]) -> AlphaBeta:
+    """Least-squares fit of time = alpha + beta * bytes, both clamped at zero."""
+    if len(sizes_bytes) != len(times_s) or len(sizes_bytes) < 2:
+        raise ValueError("fit_alpha_beta needs at least two (size, time) pairs of equal length")
+    x = np.asarray(sizes_bytes, dtype=float)
+    y = np.asarray(times_s, dtype=float)
+    design = np.stack([np.ones_like(x), x], axis=1)
+    (alpha, beta), *_ = np.linalg.lstsq(design, y, rcond=None)
+    if beta < 0:
+        alpha, beta = float(np.mean(y)), 0.0
+    if alpha < 0:
+        alpha, beta = 0.0, float(np.dot(x, y) / max(np.dot(x, x), 1e-30))
+    return AlphaBeta(alpha_s=float(alpha), beta_s_per_byte=float(beta), num_samples=len(x))
+
+
+class CommModel(BaseModel):
+    """Fitted costs of a point-to-point send between actors and of collectives by group degree."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    send: AlphaBeta = Field(description="Actor-to-actor send of one activation (includes the actor call).")
+    all_reduce: dict[int, AlphaBeta] = Field(default_factory=dict, description="Degree -> all-reduce cost.")
+    all_gather: dict[int, AlphaBeta] = Field(default_factory=dict, description="Degree -> all-gather cost (bytes of the gathered tensor).")
+
+    def send_s(self, num_bytes: float) -> float:
+        return self.send.cost_s(num_bytes)
+
+    @staticmethod
+    def _collective(fits: dict[int, AlphaBeta], degree: int, num_bytes: float, what: str) -> float:
+        if degree <= 1:
+            return 0.0
+        if degree in fits:
+            return fits[degree].cost_s(num_bytes)
+        if not fits:
+            raise ValueError(f"no {what} measurement: profile collectives before planning intra-op degree {degree}")
+        # Ring collectives: alpha grows with (d - 1) steps, bytes moved with (d - 1) / d.
+        nearest = min(fits, key=lambda d: abs(d - degree))
+        fit = fits[nearest]
+        steps = (degree - 1) / (nearest - 1)
+        volume = ((degree - 1) / degree) / ((nearest - 1) / nearest)
+        return fit.alpha_s * steps + fit.beta_s_per_byte * num_bytes * volume
+
+    def all_reduce_s(self, num_bytes: float, degree: int) -> float:
+        return self._collective(self.all_reduce, degree, num_bytes, "all-reduce")
+
+    def all_gather_s(self, num_bytes: float, degree: int) -> float:
+        """All-gather whose *gathered* (whole) tensor has `num_bytes`."""
+        return self._collective(self.all_gather, degree, num_bytes, "all-gather")
+
+    def merge(self, other: "CommModel") -> "CommModel":
+        """`other`'s fits override this one's, degree by degree."""
+        return CommModel(send=other.send, all_reduce={**self.all_reduce, **other.all_reduce},
+                         all_gather={**self.all_gather, **other.all_gather})

@@ -1,0 +1,169 @@
+"""Which model to load and how to cut one (stage, shard) out of its layer view.
+
+`ModelSource` names a served model the way `placement.spec` does (kind + source + checkpoint), so that a Ray
+actor can load it by itself. `build_stage_layers` keeps only the layers of one pipeline stage, and of each block
+only this shard's slices of the weights (`parallel.tensor_parallel`); everything else is dropped so the actor
+holds its share of the weights and no more. Embeddings and heads are kept whole (replicated over the stage's
+shards).
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from models.layers import ActivationState, Layer, parameter_bytes
+from parallel.tensor_parallel import (BlockShardingPlan, Collectives, TensorParallelBlock, TensorParallelBlockLayer,
+                                      bert_block_parts, vit_block_parts)
+
+
+class ModelSource(BaseModel):
+    """Where a model's weights come from; enough for an actor to load it on its own."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="The model's name in profiles and the deployment spec.")
+    kind: Literal["text", "vision"] = Field(description="'text' for BERT-family encoders, 'vision' for timm ViTs.")
+    source: str = Field(description="'package:all-minilm-l6-v2', a local Hugging Face directory, or 'timm:<arch>'.")
+    checkpoint_path: str | None = Field(default=None, description="Vision only: local state-dict file.")
+    num_classes: int = Field(default=1000, ge=1, description="Vision only: classifier outputs.")
+    image_size_px: int = Field(default=224, ge=1, description="Vision only: input side in pixels.")
+    allow_random_init: bool = Field(default=False, description="Vision only: random weights (code-path tests only).")
+    timm_kwargs: dict[str, int | float | str | bool] = Field(
+        default_factory=dict, description="Vision only: extra timm.create_model arguments, e.g. depth, num_heads.")
+
+
+def load_model(source: ModelSource):
+    """The TextEncoder or VisionClassifier that `source` names (never downloads)."""
+    if source.kind == "text":
+        from models.text_encoder import load_text_encoder
+
+        return load_text_encoder(source.source, name=source.name)
+    from models.vit import load_vit
+
+    return load_vit(source.source, checkpoint_path=source.checkpoint_path, num_classes=source.num_classes,
+                    image_size_px=source.image_size_px, name=source.name, allow_random_init=source.allow_random_init,
+                    **source.timm_kwargs)
+
+
+def _strip_vit(vit: nn.Module, keep_modules: set[str], keep_parameters: set[str]) -> nn.Module:
+    """A shallow copy of a timm VisionTransformer that shares only the named submodules and parameters."""
+    stripped = copy.copy(vit)
+    stripped._modules = {name: (module if name in keep_modules else nn.Identity()) for name, module in vit._modules.items()}
+    stripped._modules["blocks"] = nn.Sequential()
+    stripped._parameters = {name: (p if name in keep_parameters else None) for name, p in vit._parameters.items()}
+    stripped._buffers = dict(vit._buffers)
+    return stripped
+
+
+#: timm ViT parts the embeddings layer runs (`patch_embed`, `_pos_embed`, `patch_drop`, `norm_pre`).
+VIT_EMBEDDING_MODULES = {"patch_embed", "pos_drop", "patch_drop", "norm_pre"}
+VIT_EMBEDDING_PARAMETERS = {"cls_token", "reg_token", "pos_embed"}
+#: timm ViT parts the head layer runs (`norm`, `forward_head`).
+VIT_HEAD_MODULES = {"norm", "attn_pool", "fc_norm", "head_drop", "head"}
+
+
+def standalone_layers(model) -> list[Layer]:
+    """The model's layer view with each layer holding only its own weights.
+
+    The text encoder's layers already do; the ViT's embeddings and head layers hold the whole timm model, so they
+    are rebuilt around stripped copies that share only the parts they run.
+    """
+    layers = model.layers()
+    if getattr(model, "kind", None) != "vision":
+        return layers
+    from models.vit import VitEmbeddingsLayer, VitHeadLayer
+
+    vit = model.model
+    result: list[Layer] = []
+    for layer in layers:
+        if layer.kind == "embeddings":
+            result.append(VitEmbeddingsLayer(_strip_vit(vit, VIT_EMBEDDING_MODULES, VIT_EMBEDDING_PARAMETERS)))
+        elif layer.kind == "head":
+            result.append(VitHeadLayer(_strip_vit(vit, VIT_HEAD_MODULES, set())))
+        else:
+            result.append(layer)
+    return result
+
+
+def shard_block_layer(layer: Layer, kind: str, plan: BlockShardingPlan, collectives: Collectives) -> Layer:
+    """This shard's part of one block layer; the layer itself when nothing is split."""
+    if collectives.degree == 1 or plan.is_replicated():
+        return layer
+    parts = bert_block_parts(layer.block) if kind == "text" else vit_block_parts(layer.block)
+    return TensorParallelBlockLayer(TensorParallelBlock(parts, plan, collectives), uses_attention_bias=kind == "text")
+
+
+@dataclass
+class StageSlice:
+    """Layers [start, end) of a model's layer view on one shard, and the weight bytes this shard holds."""
+
+    layers: list[Layer]
+    weight_bytes: int
+
+
+def build_stage_layers(model, start: int, end: int, collectives: Collectives,
+                       plans: dict[int, BlockShardingPlan] | None = None) -> StageSlice:
+    """Cut layers [start, end) out of `model` for shard `collectives.rank`; block i is split by `plans[i]`."""
+    layers = standalone_layers(model)
+    if not 0 <= start < end <= len(layers):
+        raise ValueError(f"stage layers [{start}, {end}) outside the model's {len(layers)} layers")
+    plans = plans or {}
+    kind = getattr(model, "kind", "text")
+    stage: list[Layer] = []
+    for index in range(start, end):
+        layer = layers[index]
+        if layer.kind == "block":
+            layer = shard_block_layer(layer, kind, plans.get(index, BlockShardingPlan.replicated()), collectives)
+        stage.append(layer.eval())
+    held = nn.ModuleList(stage)
+    weight_bytes = _unique_parameter_bytes(held)
+    del layers
+    gc.collect()
+    return StageSlice(layers=stage, weight_bytes=weight_bytes)
+
+
+def _unique_parameter_bytes(module: nn.Module) -> int:
+    seen: set[int] = set()
+    total = 0
+    for tensor in list(module.parameters()) + list(module.buffers()):
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        total += tensor.numel() * tensor.element_size()
+    return total
+
+
+def layer_weight_bytes(layer: Layer) -> int:
+    return parameter_bytes(layer)
+
+
+#: Token ids drawn for synthetic text inputs stay above the special tokens of BERT vocabularies.
+_FIRST_PLAIN_TOKEN_ID = 1000
+
+
+def example_input(model, batch_size: int, seq_len_tokens: int | None = None, seed: int = 0) -> ActivationState:
+    """A deterministic input state for profiling and exactness checks (random tokens or images).
+
+    Text: `seq_len_tokens` tokens per row, the last row half padding so the attention mask matters.
+    """
+    import torch
+
+
+    generator = torch.Generator().manual_seed(seed)
+    if getattr(model, "kind", None) == "vision":
+        images = torch.randn(batch_size, model.in_chans, *model.image_size, generator=generator)
+        return ActivationState(hidden=images)
+    if seq_len_tokens is None or seq_len_tokens < 2:
+        raise ValueError(f"seq_len_tokens must be >= 2 for a text model, got {seq_len_tokens}")
+    vocab = model.model.config.vocab_size
+    ids = torch.randint(_FIRST_PLAIN_TOKEN_ID, vocab, (batch_size, seq_len_tokens), generator=generator)
+    mask = torch.ones(batch_size, seq_len_tokens, dtype=torch.long)
+    if batch_size > 1:
+        mask[-1, seq_len_tokens // 2:] = 0
+    return ActivationState(hidden=ids, attention_mask=mask, extras={"token_type_ids": torch.zeros_like(ids)})
