@@ -1,0 +1,149 @@
+"""Batch schedulers of TCB §5 (placement/tcb_scheduler.py) and their replay on a simulated clock."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from placement.tcb_replay import replay
+from placement.tcb_scheduler import (BatchingParams, TextRequest, das_rows, make_batch_scheduler,
+                                     parse_batching_params)
+
+ALL = ["das", "slotted_das", "fcfs", "sjf", "edf"]
+
+
+def _queue(count: int, seed: int = 0, now: float = 0.0) -> list[TextRequest]:
+    rng = random.Random(seed)
+    return [TextRequest(request_id=i, length_tokens=rng.randint(3, 60), arrival_s=now - rng.random(),
+                        deadline_s=now + rng.random()) for i in range(count)]
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_rows_respect_capacity_and_take_each_request_once(name):
+    scheduler = make_batch_scheduler(name, {"row_length_tokens": 100, "num_rows": 4})
+    queue = _queue(60)
+    decision = scheduler.form_batch(0.0, queue)
+    assert len(decision.rows) <= 4
+    assert all(sum(r.length_tokens for r in row) <= 100 for row in decision.rows)
+    ids = [r.request_id for r in decision.requests]
+    assert len(ids) == len(set(ids)) and ids
+    if decision.slots is not None:
+        z = decision.slot_size_tokens
+        assert all(sum(r.length_tokens for r in slot) <= z for slot in decision.slots)
+        assert sorted(r.request_id for s in decision.slots for r in s) == sorted(ids)
+        assert len(decision.slots) <= 4 * (100 // z)
+    remaining = decision.remaining(queue)
+    assert len(remaining) + len(ids) == len(queue)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_requests_past_deadline_are_dropped_and_counted(name):
+    scheduler = make_batch_scheduler(name, {"row_length_tokens": 100, "num_rows": 2})
+    late = TextRequest("late", 5, arrival_s=0.0, deadline_s=0.9)
+    fine = TextRequest("fine", 5, arrival_s=0.0, deadline_s=2.0)
+    decision = scheduler.form_batch(1.0, [late, fine])
+    assert [r.request_id for r in decision.dropped] == ["late"]
+    assert [r.request_id for r in decision.requests] == ["fine"]
+    assert decision.remaining([late, fine]) == []
+
+
+def test_start_allowance_drops_requests_that_cannot_finish():
+    scheduler = make_batch_scheduler("das", {"start_allowance_ms": 200})
+    request = TextRequest(1, 5, arrival_s=0.0, deadline_s=1.1)
+    assert scheduler.form_batch(1.0, [request]).dropped == [request]
+
+
+def test_das_all_fit_goes_into_one_row():
+    queue = _queue(5)
+    rows = das_rows(queue, num_rows=4, row_length_tokens=1000, eta=0.5, q=0.5).rows
+    assert len(rows) == 1 and len(rows[0]) == 5
+
+
+def test_das_eta_q_split():
+    """TCB Alg. 1: the p = eta * s highest-utility requests go in; then the deadline-aware set by deadline."""
+    # Ten requests of 10 tokens fill a row of 100 (s = 10); eta = 0.3 takes the 3 shortest first.
+    short = [TextRequest(f"s{i}", 10 - i % 2, arrival_s=0.0, deadline_s=50.0 + i) for i in range(12)]
+    # Utility 1/12 >= q * mean utility of the dominant set: in the deadline-aware set, and urgent.
+    urgent = [TextRequest(f"u{i}", 12, arrival_s=0.0, deadline_s=1.0 + i) for i in range(3)]
+    # Utility 1/40 < q * v_bar: never in the deadline-aware set, however urgent.
+    long_urgent = TextRequest("long", 40, arrival_s=0.0, deadline_s=0.5)
+    result = das_rows(short + urgent + [long_urgent], num_rows=1, row_length_tokens=100, eta=0.3, q=0.7)
+    row_ids = [r.request_id for r in result.rows[0]]
+    dominant = result.utility_dominant[0]
+    assert len(dominant) == 3 and all(r.length_tokens == 9 for r in dominant)
+    assert row_ids[:3] == [r.request_id for r in dominant]
+    # The deadline-aware set is taken by earliest deadline: the urgent 12-token requests come right after.
+    assert row_ids[3:6] == ["u0", "u1", "u2"]
+    assert "long" not in row_ids
+    assert sum(r.length_tokens for r in result.rows[0]) <= 100
+    # With eta = 0.9 the dominant set already fills most of the row with short requests.
+    result = das_rows(short + urgent + [long_urgent], num_rows=1, row_length_tokens=100, eta=0.9, q=0.1)
+    assert len(result.utility_dominant[0]) == 9
+
+
+def test_das_prefers_utility_over_fcfs():
+    """A full queue: DAS packs more requests (more utility) into a batch than arrival order does."""
+    rng = random.Random(4)
+    queue = [TextRequest(i, rng.choice([4, 60]), arrival_s=i * 0.001, deadline_s=10.0) for i in range(80)]
+    params = {"row_length_tokens": 128, "num_rows": 4}
+    das = make_batch_scheduler("das", params).form_batch(0.1, queue)
+    fcfs = make_batch_scheduler("fcfs", params).form_batch(0.1, queue)
+    assert das.utility > fcfs.utility
+
+
+def test_slotted_das_slot_size_from_utility_dominant_set():
+    queue = [TextRequest(i, length, arrival_s=0.0, deadline_s=5.0) for i, length in enumerate([5, 6, 7, 20, 30, 40] * 6)]
+    scheduler = make_batch_scheduler("slotted_das", {"row_length_tokens": 64, "num_rows": 2, "slot_granularity_tokens": 4})
+    decision = scheduler.form_batch(0.0, queue)
+    dominant = das_rows(queue, 2, 64, 0.5, 0.5).utility_dominant
+    longest = max(r.length_tokens for group in dominant for r in group)
+    assert decision.slot_size_tokens == 4 * -(-longest // 4)
+    assert all(r.length_tokens <= decision.slot_size_tokens for r in decision.requests)
+
+
+def test_fixed_slot_size_for_ordered_schedulers():
+    scheduler = make_batch_scheduler("fcfs", {"row_length_tokens": 64, "num_rows": 2, "slot_size_tokens": 32})
+    decision = scheduler.form_batch(0.0, [TextRequest(i, 20, 0.0, 5.0) for i in range(10)])
+    assert decision.slot_size_tokens == 32 and len(decision.slots) == 4 and len(decision.requests) == 4
+
+
+@pytest.mark.parametrize("name", ["fcfs", "sjf", "edf"])
+def test_order_of_ordered_schedulers(name):
+    queue = [TextRequest("a", 30, arrival_s=0.0, deadline_s=9.0), TextRequest("b", 10, arrival_s=0.1, deadline_s=8.0),
+             TextRequest("c", 20, arrival_s=0.2, deadline_s=1.0)]
+    decision = make_batch_scheduler(name, {"row_length_tokens": 30, "num_rows": 1}).form_batch(0.5, queue)
+    expected = {"fcfs": ["a"], "sjf": ["b", "c"], "edf": ["c", "b"]}[name]
+    assert [r.request_id for r in decision.requests] == expected
+
+
+def test_oversize_request_names_request_and_limit():
+    scheduler = make_batch_scheduler("das", {"row_length_tokens": 50})
+    with pytest.raises(ValueError, match=r"request 'big' has 51 tokens, more than row_length_tokens=50"):
+        scheduler.form_batch(0.0, [TextRequest("big", 51, 0.0, 1.0)])
+
+
+def test_params_are_validated_by_field():
+    with pytest.raises(ValueError, match="q: eta \\+ q must equal 1"):
+        parse_batching_params({"eta": 0.7, "q": 0.7})
+    with pytest.raises(ValueError, match="num_rows"):
+        parse_batching_params({"num_rows": 0})
+    with pytest.raises(ValueError, match="row_lenght_tokens"):
+        parse_batching_params({"row_lenght_tokens": 10})
+    with pytest.raises(ValueError, match="unknown batching policy name 'lifo'"):
+        make_batch_scheduler("lifo")
+    assert parse_batching_params({"eta": 0.25, "q": 0.75}) == BatchingParams(eta=0.25, q=0.75)
+
+
+def test_replay_accounts_for_every_request():
+    rng = random.Random(7)
+    now, trace = 0.0, []
+    for i in range(300):
+        now += rng.expovariate(400.0)
+        trace.append(TextRequest(i, max(3, min(100, int(rng.gauss(20, 10)))), arrival_s=now, deadline_s=now + 0.1))
+    for name in ALL:
+        scheduler = make_batch_scheduler(name, {"row_length_tokens": 128, "num_rows": 2})
+        result = replay(trace, scheduler, lambda decision: 0.05)
+        assert result.completed + result.late + result.dropped + result.unserved == len(trace), name
+        assert result.dropped > 0  # overloaded: 400 req/s x 20 tokens > 256 tokens / 50 ms
+        assert 0 < result.utility <= sum(r.utility for r in trace)
