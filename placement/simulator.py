@@ -1,0 +1,609 @@
+"""The discrete-event simulator: how a placement serves a workload (AlpaServe §5), deterministic for a workload.
+
+Each device group runs a pipeline of `pipeline_stages` stages. A request dispatched to a group enters stage k as
+soon as it has left stage k-1 and stage k is free, so consecutive requests overlap (AlpaServe §3.4). Groups serve
+FCFS. Dispatch is a :mod:`placement.dispatch` policy (default: shortest queue with SLO admission, §4.3); batching
+is an optional :mod:`placement.batching` policy (§6.5). Fixed per-request overheads (before the first stage and
+after the last) are named parameters.
+
+Two engines give identical results:
+
+* a compiled kernel (numba, when installed) for the built-in policies: millions of requests per second;
+* a reference loop in plain Python that calls any policy object through its `choose` / `batch_size` methods.
+
+Statuses: served within its SLO, served late (only without admission), rejected (admission said no, or the
+batch former found it could no longer finish in time), unplaced (no group hosts its model). Only the first
+counts towards SLO attainment.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from placement.batching import BatchPolicy, MaxBatchWithinSLO
+from placement.dispatch import (KERNEL_EARLIEST_FINISH, KERNEL_ROUND_ROBIN, DispatchPolicy, GroupView,
+                                ShortestQueueDispatch)
+from placement.placement_plan import Placement
+from placement.profiles import ProfileSet
+from placement.workload import Workload
+
+try:  # numba compiles the kernels; without it they run as (slow) plain Python with the same results.
+    from numba import njit
+    HAVE_NUMBA = True
+except ImportError:  # pragma: no cover - numba is a declared dependency
+    HAVE_NUMBA = False
+
+    def njit(*args, **kwargs):
+        if args and callable(args[0]):
+            return args[0]
+        return lambda f: f
+
+logger = logging.getLogger(__name__)
+
+SERVED = 0  # finished within its SLO
+LATE = 1  # finished after its deadline (possible only without SLO admission)
+REJECTED = 2  # refused at admission or dropped by the batch former
+UNPLACED = 3  # no group hosts the model
+
+STATUS_NAMES = {SERVED: "served", LATE: "late", REJECTED: "rejected", UNPLACED: "unplaced"}
+
+#: Default width of the utilisation time bins, seconds.
+DEFAULT_UTILIZATION_BIN_S = 1.0
+#: Latency percentiles reported in summaries.
+LATENCY_PERCENTILES = (50, 90, 99)
+
+
+@dataclass
+class SimulatorConfig:
+    """How the simulated system behaves."""
+
+    dispatch: DispatchPolicy = field(default_factory=ShortestQueueDispatch)
+    batching: BatchPolicy | None = None  # None: every request runs alone
+    request_overhead_s: float = 0.0  # fixed time before the first stage (ingress, dispatch, transfer)
+    response_overhead_s: float = 0.0  # fixed time after the last stage (result transfer)
+
+
+# --------------------------------------------------------------------------------------------- compiled tables
+@dataclass
+class _Tables:
+    """The placement and profiles as dense arrays indexed by (group, model, batch size, stage)."""
+
+    host_ptr: np.ndarray  # int64[M + 1]: groups hosting model m are host_groups[host_ptr[m]:host_ptr[m + 1]]
+    host_groups: np.ndarray  # int64, sorted by group id within a model
+    group_ptr: np.ndarray  # int64[G + 1]: models of group g are group_models[group_ptr[g]:group_ptr[g + 1]]
+    group_models: np.ndarray  # int64
+    latency: np.ndarray  # float64[G, M, B + 1, K]: stage latency of a batch of b (b >= 1) requests
+    num_stages: np.ndarray  # int64[G]
+    intra_op: np.ndarray  # int64[G]
+    num_devices: np.ndarray  # int64[G]
+
+
+def build_tables(placement: Placement, profiles: ProfileSet, model_names: list[str], max_batch_size: int = 1) -> _Tables:
+    """Dense latency tables for the (group, model) pairs of `placement` (models outside `model_names` skipped)."""
+    index = {name: i for i, name in enumerate(model_names)}
+    num_groups, num_models = len(placement.groups), len(model_names)
+    max_stages = max((g.config.pipeline_stages for g in placement.groups), default=1)
+    latency = np.zeros((num_groups, num_models, max_batch_size + 1, max_stages))
+    hosts: list[list[int]] = [[] for _ in range(num_models)]
+    group_models: list[list[int]] = []
+    for g, group in enumerate(placement.groups):
+        members = []
+        for name in group.models:
+            if name not in profiles.models:
+                raise ValueError(f"groups.{g}.models: {name!r} has no profile")
+            if name not in index:
+                continue  # a placed model the workload never asks for
+            m = index[name]
+            stages = profiles.models[name].get(group.config).stages
+            for b in range(1, max_batch_size + 1):
+                latency[g, m, b, : len(stages)] = [stage.latency(b) for stage in stages]
+            hosts[m].append(g)
+            members.append(m)
+        group_models.append(sorted(members))
+    host_ptr = np.zeros(num_models + 1, dtype=np.int64)
+    host_ptr[1:] = np.cumsum([len(h) for h in hosts])
+    group_ptr = np.zeros(num_groups + 1, dtype=np.int64)
+    group_ptr[1:] = np.cumsum([len(m) for m in group_models])
+    flat = lambda lists: np.asarray([x for sub in lists for x in sub], dtype=np.int64)  # noqa: E731
+    return _Tables(
+        host_ptr=host_ptr, host_groups=flat(hosts), group_ptr=group_ptr, group_models=flat(group_models),
+        latency=latency,
+        num_stages=np.asarray([g.config.pipeline_stages for g in placement.groups], dtype=np.int64),
+        intra_op=np.asarray([g.config.intra_op_degree for g in placement.groups], dtype=np.int64),
+        num_devices=np.asarray([g.num_devices for g in placement.groups], dtype=np.int64),
+    )
+
+
+# ------------------------------------------------------------------------------------------------- kernels
+@njit(cache=True)
+def _pipeline_finish(latency, stage_free, num_stages, g, m, b, enter_s):
+    """Finish time of a batch of b entering group g's pipeline at enter_s (stage k starts when k is free)."""
+    time = enter_s
+    for k in range(num_stages[g]):
+        if stage_free[g, k] > time:
+            time = stage_free[g, k]
+        time += latency[g, m, b, k]
+    return time
+
+
+@njit(cache=True)
+def _pipeline_run(latency, stage_free, num_stages, g, m, b, enter_s):
+    """Run a batch through group g's pipeline, occupying every stage; returns (start of stage 0, finish)."""
+    time = enter_s
+    start = enter_s
+    for k in range(num_stages[g]):
+        if stage_free[g, k] > time:
+            time = stage_free[g, k]
+        if k == 0:
+            start = time
+        time += latency[g, m, b, k]
+        stage_free[g, k] = time
+    return start, time
+
+
+@njit(cache=True)
+def _kernel_unbatched(arrival, model, deadline, host_ptr, host_groups, latency, num_stages, policy, admission,
+                      request_overhead, response_overhead, start, finish, group_out, status):
+    n = arrival.shape[0]
+    num_groups = num_stages.shape[0]
+    stage_free = np.zeros((num_groups, latency.shape[3]))
+    in_system = np.zeros(num_groups, np.int64)
+    head = np.full(num_groups, -1, np.int64)  # oldest unfinished request of each group (finish times ascend)
+    tail = np.full(num_groups, -1, np.int64)
+    nxt = np.full(n, -1, np.int64)
+    turn = np.zeros(host_ptr.shape[0], np.int64)
+    for i in range(n):
+        t = arrival[i]
+        m = model[i]
+        lo = host_ptr[m]
+        hi = host_ptr[m + 1]
+        if lo == hi:
+            status[i] = 3
+            group_out[i] = -1
+            start[i] = np.nan
+            finish[i] = np.nan
+            continue
+        enter = t + request_overhead
+        best = -1
+        if policy == 1:  # round robin
+            best = host_groups[lo + turn[m] % (hi - lo)]
+            turn[m] += 1
+        else:
+            best_key = np.inf
+            for j in range(lo, hi):
+                g = host_groups[j]
+                h = head[g]
+                while h != -1 and finish[h] <= t:
+                    h = nxt[h]
+                    in_system[g] -= 1
+                head[g] = h
+                if h == -1:
+                    tail[g] = -1
+                if policy == 2:
+                    key = _pipeline_finish(latency, stage_free, num_stages, g, m, 1, enter)
+                else:
+                    key = float(in_system[g])
+                if key < best_key:
+                    best_key = key
+                    best = g
+        g = best
+        predicted = _pipeline_finish(latency, stage_free, num_stages, g, m, 1, enter) + response_overhead
+        if admission and predicted > deadline[i]:
+            status[i] = 2
+            group_out[i] = -1
+            start[i] = np.nan
+            finish[i] = np.nan
+            continue
+        group_out[i] = g
+        s, f = _pipeline_run(latency, stage_free, num_stages, g, m, 1, enter)
+        start[i] = s
+        finish[i] = f + response_overhead
+        status[i] = 0 if finish[i] <= deadline[i] else 1
+        if tail[g] == -1:
+            head[g] = i
+        else:
+            nxt[tail[g]] = i
+        tail[g] = i
+        in_system[g] += 1
+
+
+@njit(cache=True)
+def _advance_group(g, t, arrival, deadline, group_ptr, group_models, latency, num_stages, max_batch,
+                   request_overhead, response_overhead, stage_free, qhead, qtail, qnext, queued,
+                   fhead, ftail, fnext, inflight, start, finish, group_out, status, batch_out):
+    """Start every batch of group g whose start time is <= t (AlpaServe §6.5 batching, FCFS across models)."""
+    while queued[g] > 0:
+        h = -1
+        for j in range(group_ptr[g], group_ptr[g + 1]):  # the oldest queued request's model goes next
+            candidate = qhead[g, group_models[j]]
+            if candidate != -1 and (h == -1 or candidate < h):
+                h = candidate
+        m = group_models[group_ptr[g]]
+        for j in range(group_ptr[g], group_ptr[g + 1]):
+            if qhead[g, group_models[j]] == h:
+                m = group_models[j]
+        enter = arrival[h] + request_overhead
+        if stage_free[g, 0] > enter:
+            enter = stage_free[g, 0]
+        if enter > t:
+            return
+        # MaxBatchWithinSLO: the longest prefix whose finish meets every deadline in it.
+        size = 0
+        earliest = np.inf
+        r = h
+        while r != -1 and size < max_batch and arrival[r] + request_overhead <= enter:
+            d = deadline[r] if deadline[r] < earliest else earliest
+            if _pipeline_finish(latency, stage_free, num_stages, g, m, size + 1, enter) + response_overhead > d:
+                break
+            earliest = d
+            size += 1
+            r = qnext[r]
+        if size == 0:  # even alone the head misses its deadline: drop it
+            qhead[g, m] = qnext[h]
+            if qhead[g, m] == -1:
+                qtail[g, m] = -1
+            queued[g] -= 1
+            status[h] = 2
+            start[h] = np.nan
+            finish[h] = np.nan
+            continue
+        s, f = _pipeline_run(latency, stage_free, num_stages, g, m, size, enter)
+        f += response_overhead
+        r = h
+        for _ in range(size):
+            following = qnext[r]
+            start[r] = s
+            finish[r] = f
+            batch_out[r] = size
+            status[r] = 0 if f <= deadline[r] else 1
+            if ftail[g] == -1:
+                fhead[g] = r
+            else:
+                fnext[ftail[g]] = r
+            ftail[g] = r
+            fnext[r] = -1
+            r = following
+        qhead[g, m] = r
+        if r == -1:
+            qtail[g, m] = -1
+        queued[g] -= size
+        inflight[g] += size
+
+
+@njit(cache=True)
+def _kernel_batched(arrival, model, deadline, host_ptr, host_groups, group_ptr, group_models, latency, num_stages,
+                    policy, admission, max_batch, request_overhead, response_overhead,
+                    start, finish, group_out, status, batch_out):
+    n = arrival.shape[0]
+    num_groups = num_stages.shape[0]
+    num_models = host_ptr.shape[0] - 1
+    stage_free = np.zeros((num_groups, latency.shape[3]))
+    qhead = np.full((num_groups, num_models), -1, np.int64)
+    qtail = np.full((num_groups, num_models), -1, np.int64)
+    qnext = np.full(n, -1, np.int64)
+    queued = np.zeros(num_groups, np.int64)
+    fhead = np.full(num_groups, -1, np.int64)  # started, unfinished requests (finish times ascend)
+    ftail = np.full(num_groups, -1, np.int64)
+    fnext = np.full(n, -1, np.int64)
+    inflight = np.zeros(num_groups, np.int64)
+    turn = np.zeros(num_models, np.int64)
+    for i in range(n):
+        t = arrival[i]
+        m = model[i]
+        lo = host_ptr[m]
+        hi = host_ptr[m + 1]
+        if lo == hi:
+            status[i] = 3
+            group_out[i] = -1
+            start[i] = np.nan
+            finish[i] = np.nan
+            continue
+        enter = t + request_overhead
+        best = -1
+        best_key = np.inf
+        for j in range(lo, hi):
+            g = host_groups[j]
+            _advance_group(g, t, arrival, deadline, group_ptr, group_models, latency, num_stages, max_batch,
+                           request_overhead, response_overhead, stage_free, qhead, qtail, qnext, queued,
+                           fhead, ftail, fnext, inflight, start, finish, group_out, status, batch_out)
+            h = fhead[g]
+            while h != -1 and finish[h] <= t:
+                h = fnext[h]
+                inflight[g] -= 1
+            fhead[g] = h
+            if h == -1:
+                ftail[g] = -1
+            if policy == 1:
+                continue
+            if policy == 2:
+                key = _pipeline_finish(latency, stage_free, num_stages, g, m, 1, enter)
+            else:
+                key = float(queued[g] + inflight[g])
+            if key < best_key:
+                best_key = key
+                best = g
+        if policy == 1:
+            best = host_groups[lo + turn[m] % (hi - lo)]
+            turn[m] += 1
+        g = best
+        predicted = _pipeline_finish(latency, stage_free, num_stages, g, m, 1, enter) + response_overhead
+        if admission and predicted > deadline[i]:
+            status[i] = 2
+            group_out[i] = -1
+            start[i] = np.nan
+            finish[i] = np.nan
+            continue
+        group_out[i] = g
+        if qtail[g, m] == -1:
+            qhead[g, m] = i
+        else:
+            qnext[qtail[g, m]] = i
+        qtail[g, m] = i
+        queued[g] += 1
+    for g in range(num_groups):
+        _advance_group(g, np.inf, arrival, deadline, group_ptr, group_models, latency, num_stages, max_batch,
+                       request_overhead, response_overhead, stage_free, qhead, qtail, qnext, queued,
+                       fhead, ftail, fnext, inflight, start, finish, group_out, status, batch_out)
+
+
+# ------------------------------------------------------------------------------------- reference engine
+class _ReferenceEngine:
+    """The same simulation in plain Python, calling the policy objects: any DispatchPolicy / BatchPolicy works."""
+
+    def __init__(self, tables: _Tables, placement: Placement, model_names: list[str], config: SimulatorConfig,
+                 workload: Workload, max_batch: int):
+        self.t = tables
+        self.names = model_names
+        self.cfg = config
+        self.w = workload
+        self.max_batch = max_batch
+        n, num_groups = len(workload), len(placement.groups)
+        self.group_names = [frozenset(n for n in g.models if n in set(model_names)) for g in placement.groups]
+        self.stage_free = np.zeros((num_groups, tables.latency.shape[3]))
+        self.start = np.full(n, np.nan)
+        self.finish = np.full(n, np.nan)
+        self.group = np.full(n, -1, dtype=np.int64)
+        self.status = np.zeros(n, dtype=np.int8)
+        self.batch = np.ones(n, dtype=np.int64)
+        self.unfinished: list[list[int]] = [[] for _ in range(num_groups)]  # FIFO, finish times ascending
+        self.queues: list[dict[int, list[int]]] = [{} for _ in range(num_groups)]  # per model FIFO
+
+    def _finish(self, g: int, m: int, b: int, enter: float) -> float:
+        return float(_pipeline_finish(self.t.latency, self.stage_free, self.t.num_stages, g, m, b, enter))
+
+    def _retire(self, g: int, now: float) -> None:
+        done = self.unfinished[g]
+        while done and self.finish[done[0]] <= now:
+            done.pop(0)
+
+    def _view(self, g: int, m: int, now: float) -> GroupView:
+        queued = sum(len(q) for q in self.queues[g].values())
+        enter = now + self.cfg.request_overhead_s
+        return GroupView(group_id=g, models=self.group_names[g], queue_length=queued + len(self.unfinished[g]),
+                         free_at_s=float(self.stage_free[g, 0]),
+                         finish_if_dispatched_s=self._finish(g, m, 1, enter) + self.cfg.response_overhead_s)
+
+    def run(self) -> None:
+        w, cfg, t = self.w, self.cfg, self.t
+        batching = cfg.batching is not None
+        for i in range(len(w)):
+            now, m = float(w.arrival_s[i]), int(w.model[i])
+            deadline = now + float(w.slo_s[i])
+            hosts = t.host_groups[t.host_ptr[m]:t.host_ptr[m + 1]]
+            if len(hosts) == 0:
+                self.status[i] = UNPLACED
+                continue
+            views = []
+            for g in hosts:
+                if batching:
+                    self._advance(int(g), now)
+                self._retire(int(g), now)
+                views.append(self._view(int(g), m, now))
+            choice = cfg.dispatch.choose(self.names[m], now, deadline, views)
+            if choice is None:  # the policy rejected it (SLO admission)
+                self.status[i] = REJECTED
+                continue
+            g = int(choice)
+            self.group[i] = g
+            enter = now + cfg.request_overhead_s
+            if batching:
+                self.queues[g].setdefault(m, []).append(i)
+                continue
+            s, f = _pipeline_run(t.latency, self.stage_free, t.num_stages, g, m, 1, enter)
+            self.start[i], self.finish[i] = s, f + cfg.response_overhead_s
+            self.status[i] = SERVED if self.finish[i] <= deadline else LATE
+            self.unfinished[g].append(i)
+        if batching:
+            for g in range(len(self.queues)):
+                self._advance(g, math.inf)
+
+    def _advance(self, g: int, now: float) -> None:
+        w, cfg, t = self.w, self.cfg, self.t
+        queues = self.queues[g]
+        while any(queues.values()):
+            m = min((q[0], mm) for mm, q in queues.items() if q)[1]
+            queue = queues[m]
+            head = queue[0]
+            enter = max(float(w.arrival_s[head]) + cfg.request_overhead_s, float(self.stage_free[g, 0]))
+            if enter > now:
+                return
+            ready = [r for r in queue[: self.max_batch] if w.arrival_s[r] + cfg.request_overhead_s <= enter]
+            deadlines = [float(w.arrival_s[r] + w.slo_s[r]) for r in ready]
+            size = cfg.batching.batch_size(enter, deadlines,
+                                           lambda b: self._finish(g, m, b, enter) + cfg.response_overhead_s)
+            size = min(size, len(ready))
+            if size == 0:
+                queue.pop(0)
+                self.status[head] = REJECTED
+                continue
+            s, f = _pipeline_run(t.latency, self.stage_free, t.num_stages, g, m, size, enter)
+            f += cfg.response_overhead_s
+            for r in queue[:size]:
+                self.start[r], self.finish[r], self.batch[r] = s, f, size
+                self.status[r] = SERVED if f <= w.arrival_s[r] + w.slo_s[r] else LATE
+                self.unfinished[g].append(r)
+            del queue[:size]
+
+
+# ------------------------------------------------------------------------------------------------ results
+@dataclass
+class LatencyStats:
+    """Latency (finish - arrival) of the requests that were served, seconds."""
+
+    count: int
+    mean_s: float
+    p50_s: float
+    p90_s: float
+    p99_s: float
+    max_s: float
+
+
+@dataclass
+class SimulationSummary:
+    """What a person (or the CLI's JSON) wants to know about one simulation."""
+
+    num_requests: int
+    slo_attainment: float
+    served: int
+    late: int
+    rejected: int
+    unplaced: int
+    latency: LatencyStats
+    per_model_attainment: dict[str, float]
+    mean_group_utilization: list[float]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        lat = self.latency
+        lines = [
+            f"requests: {self.num_requests}  SLO attainment: {self.slo_attainment:.4f}",
+            f"served {self.served}, late {self.late}, rejected {self.rejected}, unplaced {self.unplaced}",
+            f"latency (served): mean {lat.mean_s * 1e3:.1f} ms, p50 {lat.p50_s * 1e3:.1f} ms, "
+            f"p90 {lat.p90_s * 1e3:.1f} ms, p99 {lat.p99_s * 1e3:.1f} ms",
+            "group utilisation: " + ", ".join(f"{u:.2f}" for u in self.mean_group_utilization),
+        ]
+        worst = sorted(self.per_model_attainment.items(), key=lambda kv: kv[1])[:5]
+        lines.append("lowest per-model attainment: " + ", ".join(f"{k} {v:.3f}" for k, v in worst))
+        return "\n".join(lines)
+
+
+@dataclass
+class SimulationResult:
+    """Per request: start (first stage), finish, group, status and batch size; plus the tables used."""
+
+    workload: Workload
+    start_s: np.ndarray
+    finish_s: np.ndarray
+    group: np.ndarray
+    status: np.ndarray
+    batch_size: np.ndarray
+    tables: _Tables
+
+    @property
+    def served(self) -> np.ndarray:
+        return self.status == SERVED
+
+    def slo_attainment(self) -> float:
+        """Share of all requests finished within their SLO (rejected, late and unplaced count as misses)."""
+        return float(self.served.mean()) if len(self.status) else 1.0
+
+    def per_model_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """(requests, requests served within SLO) per model index."""
+        num_models = len(self.workload.model_names)
+        total = np.bincount(self.workload.model, minlength=num_models)
+        good = np.bincount(self.workload.model[self.served], minlength=num_models)
+        return total, good
+
+    def per_model_attainment(self) -> dict[str, float]:
+        total, good = self.per_model_counts()
+        return {name: float(good[i] / total[i]) for i, name in enumerate(self.workload.model_names) if total[i]}
+
+    def latency_stats(self) -> LatencyStats:
+        done = (self.status == SERVED) | (self.status == LATE)
+        latency = self.finish_s[done] - self.workload.arrival_s[done]
+        if not len(latency):
+            return LatencyStats(0, math.nan, math.nan, math.nan, math.nan, math.nan)
+        p50, p90, p99 = np.percentile(latency, LATENCY_PERCENTILES)
+        return LatencyStats(int(len(latency)), float(latency.mean()), float(p50), float(p90), float(p99), float(latency.max()))
+
+    def device_seconds(self) -> np.ndarray:
+        """Busy device-seconds of each request (its share of its batch's stage latencies x intra-op devices)."""
+        done = np.flatnonzero((self.status == SERVED) | (self.status == LATE))
+        work = np.zeros(len(self.status))
+        g, m, b = self.group[done], self.workload.model[done], self.batch_size[done]
+        work[done] = self.tables.latency[g, m, b].sum(axis=1) * self.tables.intra_op[g] / b
+        return work
+
+    def group_busy_seconds(self) -> np.ndarray:
+        """Busy device-seconds per group."""
+        done = self.group >= 0
+        return np.bincount(self.group[done], weights=self.device_seconds()[done], minlength=len(self.tables.num_stages))
+
+    def utilization(self, bin_s: float = DEFAULT_UTILIZATION_BIN_S) -> np.ndarray:
+        """[group, time bin] busy fraction of the group's devices; a request's work is counted in the bin where it
+        starts (an approximation that matters only for bins shorter than a request)."""
+        num_groups = len(self.tables.num_stages)
+        if not len(self.status) or not num_groups:
+            return np.zeros((num_groups, 0))
+        t0 = self.workload.arrival_s[0]
+        done = np.flatnonzero(self.group >= 0)
+        done = done[~np.isnan(self.start_s[done])]
+        bins = ((self.start_s[done] - t0) // bin_s).astype(np.int64)
+        num_bins = int(bins.max()) + 1 if len(bins) else 1
+        busy = np.zeros((num_groups, num_bins))
+        np.add.at(busy, (self.group[done], bins), self.device_seconds()[done])
+        return busy / (bin_s * self.tables.num_devices[:, None])
+
+    def summary(self) -> SimulationSummary:
+        counts = np.bincount(self.status, minlength=4)
+        span = max(self.workload.duration_s, 1e-9)
+        mean_util = self.group_busy_seconds() / (span * np.maximum(self.tables.num_devices, 1))
+        return SimulationSummary(
+            num_requests=len(self.status), slo_attainment=self.slo_attainment(),
+            served=int(counts[SERVED]), late=int(counts[LATE]), rejected=int(counts[REJECTED]),
+            unplaced=int(counts[UNPLACED]), latency=self.latency_stats(),
+            per_model_attainment=self.per_model_attainment(), mean_group_utilization=[float(u) for u in mean_util],
+        )
+
+
+def simulate(placement: Placement, profiles: ProfileSet, workload: Workload, config: SimulatorConfig | None = None,
+             *, reference: bool = False) -> SimulationResult:
+    """Simulate `workload` on `placement`. Built-in policies run compiled unless `reference` asks for the Python
+    loop; other policy objects always run in the Python loop."""
+    config = config or SimulatorConfig()
+    names = list(workload.model_names)
+    max_batch = config.batching.max_batch_size if config.batching is not None else 1
+    tables = build_tables(placement, profiles, names, max_batch)
+    n = len(workload)
+    kernel_code = getattr(config.dispatch, "kernel_code", None)
+    compiled = (not reference and kernel_code is not None and type(config.dispatch).__module__ == "placement.dispatch"
+                and (config.batching is None or isinstance(config.batching, MaxBatchWithinSLO)))
+    if not compiled:
+        engine = _ReferenceEngine(tables, placement, names, config, workload, max_batch)
+        engine.run()
+        return SimulationResult(workload, engine.start, engine.finish, engine.group, engine.status, engine.batch, tables)
+    start = np.empty(n)
+    finish = np.empty(n)
+    group = np.full(n, -1, dtype=np.int64)
+    status = np.zeros(n, dtype=np.int8)
+    batch = np.ones(n, dtype=np.int64)
+    deadline = workload.arrival_s + workload.slo_s
+    admission = bool(getattr(config.dispatch, "slo_admission", True))
+    model = workload.model.astype(np.int64)
+    if config.batching is None:
+        _kernel_unbatched(workload.arrival_s, model, deadline, tables.host_ptr, tables.host_groups,
+                          tables.latency, tables.num_stages, kernel_code, admission,
+                          config.request_overhead_s, config.response_overhead_s, start, finish, group, status)
+    else:
+        start[:] = np.nan
+        finish[:] = np.nan
+        _kernel_batched(workload.arrival_s, model, deadline, tables.host_ptr, tables.host_groups, tables.group_ptr,
+                        tables.group_models, tables.latency, tables.num_stages, kernel_code, admission, max_batch,
+                        config.request_overhead_s, config.response_overhead_s, start, finish, group, status, batch)
+    return SimulationResult(workload, start, finish, group, status, batch, tables)
