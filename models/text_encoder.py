@@ -18,7 +18,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from models.layers import ActivationState, Layer, parameter_bytes, run_layers
 
@@ -107,6 +107,44 @@ class MeanPoolNormalizeLayer(Layer):
         return ActivationState(hidden=pooled)
 
 
+class TextTokenizer:
+    """Texts <-> token ids for one encoder, without the model: the ingress uses it to validate and route."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, max_length: int, vocab_size: int):
+        self.tokenizer = tokenizer
+        #: Longest input in tokens, special tokens included.
+        self.max_length = max_length
+        self.vocab_size = vocab_size
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    def encode(self, texts: Sequence[str], truncate_to: int | None = None) -> list[list[int]]:
+        """Token ids with special tokens; `truncate_to` cuts each text at that many tokens (closing token kept)."""
+        truncate = truncate_to is not None
+        encoded = self.tokenizer(list(texts), add_special_tokens=True, truncation=truncate, max_length=truncate_to)
+        return [list(ids) for ids in encoded["input_ids"]]
+
+    def check_token_ids(self, token_ids: Sequence[Sequence[int]], limit: int | None = None) -> None:
+        """ValueError naming the sequence that is empty, too long, or holds an id outside the vocabulary."""
+        limit = self.max_length if limit is None else limit
+        for index, ids in enumerate(token_ids):
+            if len(ids) == 0:
+                raise ValueError(f"token_ids[{index}] is empty")
+            if len(ids) > limit:
+                raise ValueError(f"token_ids[{index}] has {len(ids)} tokens; the limit is {limit}")
+            if min(ids) < 0 or max(ids) >= self.vocab_size:
+                raise ValueError(f"token_ids[{index}] holds an id outside [0, {self.vocab_size})")
+
+    def pad(self, token_ids: Sequence[Sequence[int]]) -> dict[str, torch.Tensor]:
+        """Pad to the longest sequence: input_ids, attention_mask and token_type_ids as [batch, tokens] tensors."""
+        longest = max(len(ids) for ids in token_ids)
+        input_ids = torch.full((len(token_ids), longest), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(token_ids), longest), dtype=torch.long)
+        for row, ids in enumerate(token_ids):
+            input_ids[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
+            attention_mask[row, : len(ids)] = 1
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": torch.zeros_like(input_ids)}
+
+
 class TextEncoder:
     """A sentence encoder: tokenizer + BERT-family model + mean pooling and normalisation."""
 
@@ -118,6 +156,7 @@ class TextEncoder:
         self.tokenizer = tokenizer
         #: Longest input in tokens, special tokens included.
         self.max_length = max_length
+        self.text_tokenizer = TextTokenizer(tokenizer, max_length, model.config.vocab_size)
         self._layers = [EmbeddingsLayer(model.embeddings)] + [BlockLayer(b) for b in model.encoder.layer] + [MeanPoolNormalizeLayer()]
 
     @property
@@ -149,6 +188,10 @@ class TextEncoder:
         )
         return run_layers(self._layers, state).hidden
 
+    def embed_token_ids(self, token_ids: Sequence[Sequence[int]]) -> torch.Tensor:
+        """[len(token_ids), hidden] embeddings of already tokenized texts, one padded batch."""
+        return self.embed_tokens(self.text_tokenizer.pad(token_ids))
+
     def embed(self, texts: Sequence[str]) -> torch.Tensor:
         """[len(texts), hidden] unit-norm embeddings, one padded batch."""
         if not texts:
@@ -156,13 +199,22 @@ class TextEncoder:
         return self.embed_tokens(self.tokenize(texts))
 
 
-def _configured_max_length(directory: Path, model: PreTrainedModel) -> int:
+def _configured_max_length(directory: Path, max_position_embeddings: int) -> int:
+    """sentence-transformers' `max_seq_length` where the directory has one, else the model's position limit."""
     st_config = directory / "sentence_bert_config.json"
     if st_config.exists():
         value = json.loads(st_config.read_text()).get("max_seq_length")
         if value:
-            return int(value)
-    return int(model.config.max_position_embeddings)
+            return min(int(value), max_position_embeddings)
+    return max_position_embeddings
+
+
+def load_text_tokenizer(source: str = MINILM_SOURCE) -> TextTokenizer:
+    """The tokenizer and input limit of a text model, without loading its weights."""
+    directory = resolve_text_source(source)
+    config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    return TextTokenizer(tokenizer, _configured_max_length(directory, config.max_position_embeddings), config.vocab_size)
 
 
 def load_text_encoder(source: str = MINILM_SOURCE, name: str | None = None, attn_implementation: str = "sdpa",
@@ -175,6 +227,6 @@ def load_text_encoder(source: str = MINILM_SOURCE, name: str | None = None, attn
     model = AutoModel.from_pretrained(directory, local_files_only=True, attn_implementation=attn_implementation)
     if not hasattr(model, "embeddings") or not hasattr(model, "encoder"):
         raise ValueError(f"{directory} is not a BERT-family encoder (no embeddings/encoder modules)")
-    max_length = _configured_max_length(directory, model)
+    max_length = _configured_max_length(directory, model.config.max_position_embeddings)
     logger.info("loaded text encoder %s from %s (max %d tokens, %s attention)", name or source, directory, max_length, attn_implementation)
     return TextEncoder(name or directory.name, model, tokenizer, max_length)

@@ -46,6 +46,10 @@ class ModelSpec(_Strict):
     num_classes: int | None = Field(default=None, ge=1, description="Vision models: number of output classes of the head.")
     image_size_px: int | None = Field(default=None, ge=8, le=1024, description="Vision models: input image side length in pixels.")
     in_chans: int = Field(default=3, ge=1, le=4, description="Vision models: input image channels.")
+    timm_kwargs: dict[str, int | float | str | bool] = Field(
+        default_factory=dict,
+        description="Vision models: extra keyword arguments of timm.create_model for the architecture (e.g. patch_size, depth, embed_dim).",
+    )
     slo_ms: float = Field(default=1000.0, gt=0, description="Latency objective of one request, in milliseconds.")
     max_input_length_tokens: int | None = Field(
         default=None, ge=1,
@@ -74,8 +78,8 @@ class ModelSpec(_Strict):
         else:
             if self.source.startswith("timm:"):
                 raise ValueError("text models cannot use a 'timm:' source")
-            for field in ("checkpoint_path", "num_classes", "image_size_px"):
-                if getattr(self, field) is not None:
+            for field in ("checkpoint_path", "num_classes", "image_size_px", "timm_kwargs"):
+                if getattr(self, field):
                     raise ValueError(f"{field} applies to vision models only")
         return self
 

@@ -1,0 +1,27 @@
+# plexserve: `make serve` runs the main job, `make test` runs the test suite. Both create .venv when missing.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.plexserve-installed
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export RAY_USAGE_STATS_ENABLED := 0
+
+.PHONY: install serve test
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+serve: install
+	@echo "plexserve: starting a local Ray and serving configs/local.yaml"
+	@echo "  embed:     curl -X POST http://127.0.0.1:8000/v1/models/minilm/embed -d '{\"texts\": [\"hello world\"]}'"
+	@echo "  models:    curl http://127.0.0.1:8000/v1/models"
+	@echo "  dashboard: http://127.0.0.1:8265"
+	$(VENV)/bin/serve run configs/local.yaml
+
+test: install
+	RAY_AUTH_MODE=disabled $(VENV)/bin/pytest -q

@@ -1,0 +1,140 @@
+"""The front door: HTTP routes and a Python handle API over the same validation and dispatch.
+
+HTTP (FastAPI inside Ray Serve):
+- `POST /v1/models/{name}/embed`     body `{"texts": [...]}` -> `{"model", "embeddings": [[...], ...]}` in input order
+- `POST /v1/models/{name}/classify`  body `{"images": [N][C][H][W], "dtype": "float32"|"uint8"}` -> `{"model", "predictions"}`
+- `GET  /v1/models`                  the served models with their kind and limits
+- `GET  /healthz`
+
+Python: `handle.embed.remote(model, texts)`, `handle.classify.remote(model, images)`, `handle.list_models.remote()`
+on the application's handle (`serve.get_app_handle("plexserve")`). Bad input raises `RequestError` (a
+`ValueError`) there and becomes a 4xx JSON body over HTTP.
+"""
+
+
+import logging
+from typing import Any, Awaitable, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from models.text_encoder import TextTokenizer, load_text_tokenizer
+from placement.spec import DeploymentSpec, ModelSpec, parse_spec
+from rayserve_apps.requests import (
+    ImageContract,
+    RequestError,
+    check_images,
+    check_texts,
+    check_token_counts,
+    find_model,
+    parse_json_body,
+)
+
+logger = logging.getLogger("ray.serve")
+
+#: Status answered when a model replica fails while serving a valid request.
+REPLICA_FAILURE_STATUS = 503
+
+app = FastAPI(title="plexserve", description="Many transformer models on one Ray cluster.")
+
+
+def describe_model(model: ModelSpec, text_limit: int | None) -> dict[str, Any]:
+    """The public description of a served model, as `GET /v1/models` lists it."""
+    description: dict[str, Any] = {"name": model.name, "kind": model.kind, "slo_ms": model.slo_ms}
+    if model.kind == "text":
+        description.update(max_input_length_tokens=text_limit, on_too_long=model.on_too_long, endpoint=f"/v1/models/{model.name}/embed")
+    else:
+        description.update(image_shape=[model.in_chans, model.image_size_px, model.image_size_px],
+                           num_classes=model.num_classes, endpoint=f"/v1/models/{model.name}/classify")
+    return description
+
+
+@serve.deployment
+@serve.ingress(app)
+class Ingress:
+    """Validates, tokenizes and forwards each request to the deployment of its model."""
+
+    def __init__(self, spec: dict, model_handles: dict[str, DeploymentHandle]):
+        self.spec: DeploymentSpec = parse_spec(spec)
+        self.handles = model_handles
+        self.tokenizers: dict[str, TextTokenizer] = {
+            m.name: load_text_tokenizer(m.source) for m in self.spec.models if m.kind == "text"
+        }
+        self.text_limits = {
+            name: min(self.spec.model(name).max_input_length_tokens or tok.max_length, tok.max_length)
+            for name, tok in self.tokenizers.items()
+        }
+
+    # ---- Python API (also what the HTTP routes call) ----
+
+    async def embed(self, model: str, texts: list[str]) -> dict[str, Any]:
+        spec = find_model(self.spec, model, "text")
+        texts = check_texts({"texts": texts}, self.spec.serving.max_items_per_request)
+        tokenizer, limit = self.tokenizers[model], self.text_limits[model]
+        if spec.on_too_long == "reject":
+            token_ids = tokenizer.encode(texts)
+            check_token_counts([len(ids) for ids in token_ids], limit, model)
+        else:
+            token_ids = tokenizer.encode(texts, truncate_to=limit)
+        embeddings = await self.handles[model].embed_token_ids.remote(token_ids)
+        return {"model": model, "embeddings": embeddings}
+
+    async def classify(self, model: str, images: Any, dtype: str = "float32") -> dict[str, Any]:
+        spec = find_model(self.spec, model, "vision")
+        contract = ImageContract(spec.in_chans, spec.image_size_px or 224, spec.image_size_px or 224)
+        array = check_images({"images": images, "dtype": dtype}, contract, self.spec.serving.max_items_per_request)
+        predictions = await self.handles[model].classify.remote(array)
+        return {"model": model, "predictions": predictions}
+
+    def list_models(self) -> dict[str, Any]:
+        return {"models": [describe_model(m, self.text_limits.get(m.name)) for m in self.spec.models]}
+
+    # ---- HTTP ----
+
+    async def _answer(self, request: Request, call: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]) -> JSONResponse:
+        try:
+            declared = int(request.headers.get("content-length") or 0)
+            limit = self.spec.serving.max_request_bytes
+            if declared > limit:
+                raise RequestError(413, "request_too_large", f"request body has {declared} bytes; the limit is {limit} bytes")
+            payload = parse_json_body(await request.body(), limit)
+            return JSONResponse(await call(payload))
+        except RequestError as error:
+            return JSONResponse(error.to_json(), status_code=error.status_code)
+        except ValueError as error:  # a replica's own check (e.g. a handle caller's bad ids) surfaced here
+            return JSONResponse(RequestError(422, "invalid_input", str(error)).to_json(), status_code=422)
+        except Exception as error:  # noqa: BLE001 - a failed replica must not become a 500 without a body
+            logger.exception("request failed in a model replica")
+            body = {"error": {"type": "replica_failure", "message": f"{type(error).__name__}: the model replica failed; retry", "field": None}}
+            return JSONResponse(body, status_code=REPLICA_FAILURE_STATUS)
+
+    @app.post("/v1/models/{name}/embed")
+    async def http_embed(self, name: str, request: Request) -> JSONResponse:
+        async def call(payload: dict[str, Any]) -> dict[str, Any]:
+            find_model(self.spec, name, "text")
+            return await self.embed(name, check_texts(payload, self.spec.serving.max_items_per_request))
+
+        return await self._answer(request, call)
+
+    @app.post("/v1/models/{name}/classify")
+    async def http_classify(self, name: str, request: Request) -> JSONResponse:
+        async def call(payload: dict[str, Any]) -> dict[str, Any]:
+            find_model(self.spec, name, "vision")
+            extra = sorted(set(payload) - {"images", "dtype"})
+            if extra:
+                raise RequestError(422, "invalid_field", f"unknown field(s) {extra}; expected 'images' and optional 'dtype'", field=extra[0])
+            if "images" not in payload:
+                raise RequestError(422, "invalid_field", "body must have a field 'images' (nested lists [N, C, H, W])", field="images")
+            return await self.classify(name, payload["images"], payload.get("dtype", "float32"))
+
+        return await self._answer(request, call)
+
+    @app.get("/v1/models")
+    def http_models(self) -> dict[str, Any]:
+        return self.list_models()
+
+    @app.get("/healthz")
+    def http_health(self) -> dict[str, str]:
+        return {"status": "ok"}

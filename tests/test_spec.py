@@ -1,0 +1,63 @@
+import json
+
+import pytest
+
+from placement.spec import DeploymentSpec, parse_spec, spec_json_schema
+
+MINILM = {"name": "minilm", "kind": "text", "source": "package:all-minilm-l6-v2"}
+
+
+def test_valid_spec_round_trips_through_json():
+    spec = parse_spec({"models": [MINILM], "policies": {"dispatch": {"name": "shortest_queue"}}})
+    again = parse_spec(json.loads(spec.model_dump_json()))
+    assert again == spec
+    assert spec.policy("dispatch").name == "shortest_queue"
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"slo_ms": -5}, "models.0.slo_ms"),
+        ({"name": "Has Space"}, "models.0.name"),
+        ({"kind": "audio"}, "models.0.kind"),
+        ({"on_too_long": "ignore"}, "models.0.on_too_long"),
+        ({"max_batch_size": 0}, "models.0.max_batch_size"),
+        ({"surprise": 1}, "models.0.surprise"),
+    ],
+)
+def test_bad_model_field_is_named(change, field):
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+        parse_spec({"models": [{**MINILM, **change}]})
+
+
+def test_duplicate_names_and_empty_models_are_refused():
+    with pytest.raises(ValueError, match="appears twice"):
+        parse_spec({"models": [MINILM, MINILM]})
+    with pytest.raises(ValueError, match="models"):
+        parse_spec({"models": []})
+
+
+def test_vision_fields_are_checked_against_kind():
+    with pytest.raises(ValueError, match="timm"):
+        parse_spec({"models": [{"name": "vit", "kind": "vision", "source": "package:all-minilm-l6-v2"}]})
+    with pytest.raises(ValueError, match="num_classes applies to vision models only"):
+        parse_spec({"models": [{**MINILM, "num_classes": 3}]})
+
+
+def test_model_policy_overrides_spec_policy():
+    spec = parse_spec({
+        "models": [{**MINILM, "policies": {"batching": {"name": "das", "params": {"eta": 0.7}}}}],
+        "policies": {"batching": {"name": "fcfs"}},
+    })
+    assert spec.policy("batching", "minilm").name == "das"
+    assert spec.policy("batching").name == "fcfs"
+    assert spec.policy("routing", "minilm") is None
+
+
+def test_json_schema_documents_every_field():
+    schema = json.loads(spec_json_schema())
+    assert schema["title"] == "DeploymentSpec"
+    for definition in schema["$defs"].values():
+        for name, prop in definition.get("properties", {}).items():
+            assert prop.get("description"), f"{definition['title']}.{name} has no description"
+    assert DeploymentSpec.model_json_schema()["required"] == ["models"]
