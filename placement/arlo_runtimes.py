@@ -1,0 +1,150 @@
+"""Polymorphing runtimes of one text model: their lengths, latency profiles and capacity within the SLO (Arlo §3.3).
+
+Arlo serves one model as several static-shape runtimes, each compiled for one `max_length`. This module holds the
+plain-data side of that:
+
+* `choose_runtime_lengths` reads a measured latency staircase (latency of a static runtime by max length) and puts
+  one runtime at the top of each step, where the next length would make the latency jump (Arlo §3.3: "one runtime
+  per 64-length step" for TensorRT Bert; here the step is found in the measurement, not assumed).
+* `RuntimeProfile` is one runtime's latency by batch size, its capacity within the SLO (Arlo's M_i) and the
+  mean-latency mapping from per-instance load to latency (Arlo's L_i in Eq. 1).
+
+Pure Python: the measurements come from `ops.static_runtime` (torch) or from the paper-shaped reproduction profiles
+in `placement.arlo_paper_profiles`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from typing import Sequence
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+#: Arlo §3.3: "Within each 64 length step, the latency change is tiny, usually less than 5%".
+DEFAULT_STEP_TOLERANCE = 0.05
+
+
+def choose_runtime_lengths(lengths_tokens: Sequence[int], latencies_s: Sequence[float],
+                           step_tolerance: float = DEFAULT_STEP_TOLERANCE,
+                           max_runtimes: int | None = None) -> list[int]:
+    """Runtime max lengths from a latency staircase (Arlo §3.3).
+
+    Scanning lengths upwards, a step starts at some length and goes on while the latency stays within
+    `step_tolerance` of the step's first latency; the runtime for that step is compiled at the step's last
+    length (no shorter runtime would be meaningfully faster for the requests it covers). The longest measured
+    length is always a runtime. With `max_runtimes`, the tolerance is doubled until the steps fit.
+    """
+    if len(lengths_tokens) != len(latencies_s) or not lengths_tokens:
+        raise ValueError("lengths_tokens and latencies_s must be non-empty and of equal length")
+    if step_tolerance <= 0:
+        raise ValueError(f"step_tolerance must be > 0, got {step_tolerance}")
+    if max_runtimes is not None and max_runtimes < 1:
+        raise ValueError(f"max_runtimes must be >= 1, got {max_runtimes}")
+    order = sorted(range(len(lengths_tokens)), key=lambda k: lengths_tokens[k])
+    lengths = [int(lengths_tokens[k]) for k in order]
+    latencies = [float(latencies_s[k]) for k in order]
+    if any(value <= 0 for value in latencies):
+        raise ValueError("latencies_s must be > 0")
+    tolerance = step_tolerance
+    while True:
+        chosen: list[int] = []
+        step_start_latency = latencies[0]
+        for index in range(1, len(lengths)):
+            if latencies[index] > step_start_latency * (1.0 + tolerance):
+                chosen.append(lengths[index - 1])
+                step_start_latency = latencies[index]
+        chosen.append(lengths[-1])
+        if max_runtimes is None or len(chosen) <= max_runtimes:
+            return chosen
+        tolerance *= 2.0
+
+
+class RuntimeProfile(BaseModel):
+    """One static-shape runtime: max length, latency by batch size, and what the SLO allows it to take."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_length_tokens: int = Field(ge=1, description="Longest request (tokens, specials included) the runtime accepts.")
+    batch_latency_s: dict[int, float] = Field(description="Batch size -> seconds one padded batch takes.")
+    max_batch_size: int = Field(ge=1, description="Batch size the runtime is compiled for (Arlo: fixed and small).")
+    slo_s: float = Field(gt=0, description="Latency objective of the request stream, in seconds.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "RuntimeProfile":
+        if not self.batch_latency_s:
+            raise ValueError("batch_latency_s needs at least one batch size")
+        for batch, seconds in self.batch_latency_s.items():
+            if batch < 1 or seconds <= 0:
+                raise ValueError(f"batch_latency_s[{batch}]={seconds}: batch sizes >= 1 and latencies > 0")
+        if self.max_batch_size not in self.batch_latency_s:
+            raise ValueError(f"max_batch_size {self.max_batch_size} has no entry in batch_latency_s")
+        return self
+
+    def batch_latency(self, batch_size: float) -> float:
+        """Latency of one batch, linearly interpolated between profiled sizes and kept non-decreasing."""
+        sizes = sorted(self.batch_latency_s)
+        values = np.maximum.accumulate([self.batch_latency_s[s] for s in sizes])
+        return float(np.interp(batch_size, sizes, values))
+
+    @property
+    def capacity_requests(self) -> int:
+        """Arlo's M_i: requests one instance completes within the SLO, in full batches back to back."""
+        full_batches = math.floor(self.slo_s / self.batch_latency_s[self.max_batch_size])
+        return full_batches * self.max_batch_size
+
+    def mean_latency_s(self, load_requests):
+        """Arlo's L_i(B): mean latency of a request when one instance receives B requests in an SLO period.
+
+        The instance runs them in batches of `max_batch_size` back to back, so the k-th of B/b batches finishes
+        after k batch latencies and the mean is (1 + B/b)/2 batch latencies; below one full batch the single
+        batch's own latency. Non-decreasing in B, which the exact allocation relies on. Accepts arrays.
+        """
+        load = np.asarray(load_requests, dtype=float)
+        batch = float(self.max_batch_size)
+        small = np.interp(np.clip(load, 1.0, batch), sorted(self.batch_latency_s),
+                          np.maximum.accumulate([self.batch_latency_s[s] for s in sorted(self.batch_latency_s)]))
+        full = self.batch_latency_s[self.max_batch_size] * (1.0 + np.maximum(load, batch) / batch) / 2.0
+        result = np.where(load <= batch, small, full)
+        return float(result) if result.ndim == 0 else result
+
+
+class RuntimeProfileSet(BaseModel):
+    """All runtimes of one model, sorted by max length; the longest is the model's own limit."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(description="Name of the served model.")
+    source: str = Field(description="Where the figures come from: 'measured:<device>' or 'paper:<figure>' (a reproduction).")
+    runtimes: list[RuntimeProfile] = Field(min_length=1, description="One profile per runtime, by increasing max length.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "RuntimeProfileSet":
+        lengths = [r.max_length_tokens for r in self.runtimes]
+        if lengths != sorted(set(lengths)):
+            raise ValueError(f"runtimes must have distinct max_length_tokens in increasing order, got {lengths}")
+        return self
+
+    @property
+    def max_lengths(self) -> list[int]:
+        return [r.max_length_tokens for r in self.runtimes]
+
+    def ideal_index(self, length_tokens: int) -> int:
+        """Index of the shortest runtime that accepts `length_tokens` (the request's ideal runtime)."""
+        index = bisect.bisect_left(self.max_lengths, length_tokens)
+        if index == len(self.runtimes):
+            raise ValueError(f"request of {length_tokens} tokens exceeds the longest runtime ({self.max_lengths[-1]} tokens)")
+        return index
+
+    def requests_per_bin(self, lengths_tokens: Sequence[int], window_s: float) -> list[float]:
+        """Arlo's Q_i: mean requests per SLO period whose ideal runtime is i, from lengths seen over `window_s`."""
+        if window_s <= 0:
+            raise ValueError(f"window_s must be > 0, got {window_s}")
+        counts = [0] * len(self.runtimes)
+        bounds = self.max_lengths
+        for length in lengths_tokens:
+            index = bisect.bisect_left(bounds, length)
+            counts[min(index, len(counts) - 1)] += 1
+        slo_s = self.runtimes[0].slo_s
+        return [count / window_s * slo_s for count in counts]
