@@ -1,0 +1,109 @@
+"""One Ray actor per (pipeline stage, tensor-parallel shard): it loads only its layers and runs them.
+
+The actor loads the model named by a `ModelSource`, keeps the layers of its stage (and of each block only its
+shard's slices, `parallel.stage_layers`), drops the rest, and serves `forward` calls in submission order. The
+shards of one stage form a `torch.distributed` process group (gloo on CPU, nccl on GPU) for the collectives
+of the tensor-parallel blocks; every shard of a stage receives the same input and computes the same output, and
+only shard 0 returns it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import logging
+import os
+import socket
+import time
+
+import ray
+import torch
+
+from models.layers import ActivationState, run_layers
+from parallel.plan import StagePlan
+from parallel.stage_layers import ModelSource, build_stage_layers, load_model
+from parallel.tensor_parallel import Collectives, NoCollectives, ProcessGroupCollectives
+
+logger = logging.getLogger(__name__)
+
+#: How long a collective may wait for a peer shard before gloo gives up (a dead peer surfaces as an error).
+COLLECTIVE_TIMEOUT_S = 60
+
+
+def _state_to(state: ActivationState, device: torch.device) -> ActivationState:
+    move = lambda t: t.to(device) if t is not None else None  # noqa: E731
+    return ActivationState(hidden=move(state.hidden), attention_mask=move(state.attention_mask),
+                           attention_bias=move(state.attention_bias),
+                           extras={key: move(value) for key, value in state.extras.items()})
+
+
+class StageShard:
+    """The body of a stage actor (a plain class so it can be wrapped by `ray.remote` with any options)."""
+
+    def __init__(self, source: ModelSource, stage: StagePlan, stage_index: int, rank: int, degree: int, num_threads: int = 1):
+        torch.set_num_threads(num_threads)
+        self.source = source
+        self.stage = stage
+        self.stage_index = stage_index
+        self.rank = rank
+        self.degree = degree
+        self.layers = None
+        self.weight_bytes = 0
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        #: (start, end) wall-clock seconds of every forward call, for checking that stages overlap.
+        self.calls: list[tuple[float, float]] = []
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        """This actor's node address and a free port on it, for the stage's process group."""
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def setup(self, master_address: str | None = None, master_port: int | None = None) -> int:
+        """Join the stage's process group, load this shard's weights; returns the weight bytes it holds."""
+        collectives: Collectives = NoCollectives()
+        if self.degree > 1:
+            import torch.distributed as dist
+
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            dist.init_process_group(backend, init_method=f"tcp://{master_address}:{master_port}", rank=self.rank,
+                                    world_size=self.degree, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+            collectives = ProcessGroupCollectives()
+        model = load_model(self.source)
+        stage = build_stage_layers(model, self.stage.start_layer, self.stage.end_layer, collectives, self.stage.block_plans())
+        del model
+        gc.collect()
+        self.layers = [layer.to(self.device) for layer in stage.layers]
+        self.weight_bytes = stage.weight_bytes
+        logger.info("stage %d shard %d/%d holds layers [%d, %d): %d weight bytes (pid %d)", self.stage_index, self.rank,
+                    self.degree, self.stage.start_layer, self.stage.end_layer, self.weight_bytes, os.getpid())
+        return self.weight_bytes
+
+    def forward(self, state: ActivationState) -> ActivationState | None:
+        """Run this stage on one batch; shards other than 0 return None (their output equals shard 0's)."""
+        if self.layers is None:
+            raise RuntimeError(f"stage {self.stage_index} shard {self.rank} was not set up")
+        started = time.time()
+        with torch.inference_mode():
+            out = run_layers(self.layers, _state_to(state, self.device))
+        self.calls.append((started, time.time()))
+        if self.rank != 0:
+            return None
+        return _state_to(out, torch.device("cpu")) if self.device.type != "cpu" else out
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    def call_log(self) -> list[tuple[float, float]]:
+        """(start, end) wall-clock seconds of each forward call so far, in order."""
+        return list(self.calls)
+
+    def placement_group_id(self) -> str | None:
+        """The placement group this actor was scheduled in, if any (hex id)."""
+        group_id = ray.get_runtime_context().get_placement_group_id()
+        return group_id if group_id else None
+
+
+#: The Ray actor class; options (resources, placement-group bundle) are given at creation.
+StageActor = ray.remote(StageShard)
