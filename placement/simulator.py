@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import asdict, dataclass, field
+from typing import Sequence
 
 import numpy as np
 
@@ -28,7 +29,7 @@ from placement.batching import BatchPolicy, MaxBatchWithinSLO
 from placement.dispatch import (KERNEL_EARLIEST_FINISH, KERNEL_ROUND_ROBIN, DispatchPolicy, GroupView,
                                 ShortestQueueDispatch)
 from placement.placement_plan import Placement
-from placement.profiles import ProfileSet
+from placement.profiles import ParallelConfig, ProfileSet
 from placement.workload import Workload
 
 try:  # numba compiles the kernels; without it they run as (slow) plain Python with the same results.
@@ -82,25 +83,50 @@ class _Tables:
     num_devices: np.ndarray  # int64[G]
 
 
-def build_tables(placement: Placement, profiles: ProfileSet, model_names: list[str], max_batch_size: int = 1) -> _Tables:
-    """Dense latency tables for the (group, model) pairs of `placement` (models outside `model_names` skipped)."""
+class LatencyCache:
+    """Stage latencies of (model, parallel config) by batch size as arrays, computed once (planners simulate
+    thousands of placements over the same profiles)."""
+
+    def __init__(self, profiles: ProfileSet, max_batch_size: int = 1):
+        self.profiles = profiles
+        self.max_batch_size = max_batch_size
+        self._latency: dict[tuple[str, int, int], np.ndarray] = {}
+
+    def get(self, name: str, config: ParallelConfig) -> np.ndarray:
+        """float64[max_batch_size + 1, pipeline_stages]; row b is a batch of b (row 0 unused)."""
+        key = (name, config.intra_op_degree, config.pipeline_stages)
+        table = self._latency.get(key)
+        if table is None:
+            if name not in self.profiles.models:
+                raise ValueError(f"model {name!r} has no profile")
+            stages = self.profiles.models[name].get(config).stages
+            table = np.zeros((self.max_batch_size + 1, len(stages)))
+            for b in range(1, self.max_batch_size + 1):
+                table[b] = [stage.latency(b) for stage in stages]
+            self._latency[key] = table
+        return table
+
+
+#: A device group as the simulator needs it: (devices, parallel config, hosted model names).
+GroupSpec = tuple[int, ParallelConfig, Sequence[str]]
+
+
+def build_tables(groups: Sequence[GroupSpec], cache: LatencyCache, model_names: Sequence[str]) -> _Tables:
+    """Dense latency tables for the (group, model) pairs (models outside `model_names` are skipped)."""
     index = {name: i for i, name in enumerate(model_names)}
-    num_groups, num_models = len(placement.groups), len(model_names)
-    max_stages = max((g.config.pipeline_stages for g in placement.groups), default=1)
-    latency = np.zeros((num_groups, num_models, max_batch_size + 1, max_stages))
+    num_groups, num_models = len(groups), len(model_names)
+    max_stages = max((config.pipeline_stages for _, config, _ in groups), default=1)
+    latency = np.zeros((num_groups, num_models, cache.max_batch_size + 1, max_stages))
     hosts: list[list[int]] = [[] for _ in range(num_models)]
     group_models: list[list[int]] = []
-    for g, group in enumerate(placement.groups):
+    for g, (_, config, names) in enumerate(groups):
         members = []
-        for name in group.models:
-            if name not in profiles.models:
-                raise ValueError(f"groups.{g}.models: {name!r} has no profile")
-            if name not in index:
+        for name in names:
+            table = cache.get(name, config)
+            m = index.get(name)
+            if m is None:
                 continue  # a placed model the workload never asks for
-            m = index[name]
-            stages = profiles.models[name].get(group.config).stages
-            for b in range(1, max_batch_size + 1):
-                latency[g, m, b, : len(stages)] = [stage.latency(b) for stage in stages]
+            latency[g, m, :, : table.shape[1]] = table
             hosts[m].append(g)
             members.append(m)
         group_models.append(sorted(members))
@@ -112,9 +138,9 @@ def build_tables(placement: Placement, profiles: ProfileSet, model_names: list[s
     return _Tables(
         host_ptr=host_ptr, host_groups=flat(hosts), group_ptr=group_ptr, group_models=flat(group_models),
         latency=latency,
-        num_stages=np.asarray([g.config.pipeline_stages for g in placement.groups], dtype=np.int64),
-        intra_op=np.asarray([g.config.intra_op_degree for g in placement.groups], dtype=np.int64),
-        num_devices=np.asarray([g.num_devices for g in placement.groups], dtype=np.int64),
+        num_stages=np.asarray([config.pipeline_stages for _, config, _ in groups], dtype=np.int64),
+        intra_op=np.asarray([config.intra_op_degree for _, config, _ in groups], dtype=np.int64),
+        num_devices=np.asarray([n for n, _, _ in groups], dtype=np.int64),
     )
 
 
@@ -147,7 +173,7 @@ def _pipeline_run(latency, stage_free, num_stages, g, m, b, enter_s):
 
 @njit(cache=True)
 def _kernel_unbatched(arrival, model, deadline, host_ptr, host_groups, latency, num_stages, policy, admission,
-                      request_overhead, response_overhead, start, finish, group_out, status):
+                      request_overhead, response_overhead, intra_op, start, finish, group_out, status, busy):
     n = arrival.shape[0]
     num_groups = num_stages.shape[0]
     stage_free = np.zeros((num_groups, latency.shape[3]))
@@ -200,6 +226,8 @@ def _kernel_unbatched(arrival, model, deadline, host_ptr, host_groups, latency, 
             continue
         group_out[i] = g
         s, f = _pipeline_run(latency, stage_free, num_stages, g, m, 1, enter)
+        for k in range(num_stages[g]):
+            busy[g] += latency[g, m, 1, k] * intra_op[g]
         start[i] = s
         finish[i] = f + response_overhead
         status[i] = 0 if finish[i] <= deadline[i] else 1
@@ -212,20 +240,16 @@ def _kernel_unbatched(arrival, model, deadline, host_ptr, host_groups, latency, 
 
 
 @njit(cache=True)
-def _advance_group(g, t, arrival, deadline, group_ptr, group_models, latency, num_stages, max_batch,
-                   request_overhead, response_overhead, stage_free, qhead, qtail, qnext, queued,
-                   fhead, ftail, fnext, inflight, start, finish, group_out, status, batch_out):
-    """Start every batch of group g whose start time is <= t (AlpaServe §6.5 batching, FCFS across models)."""
+def _advance_group(g, t, arrival, model, deadline, latency, num_stages, max_batch, request_overhead,
+                   response_overhead, stage_free, ghead, gtail, gnext, qhead, qtail, qnext, taken, queued,
+                   fhead, ftail, fnext, inflight, intra_op, start, finish, status, batch_out, busy):
+    """Start every batch of group g whose start time is <= t (AlpaServe §6.5 batching, FCFS across models).
+
+    Queued requests sit in two lists: the group's, in arrival order (its head is the oldest queued request), and
+    one per (group, model) from which batches are cut; `taken` marks requests already batched or dropped."""
     while queued[g] > 0:
-        h = -1
-        for j in range(group_ptr[g], group_ptr[g + 1]):  # the oldest queued request's model goes next
-            candidate = qhead[g, group_models[j]]
-            if candidate != -1 and (h == -1 or candidate < h):
-                h = candidate
-        m = group_models[group_ptr[g]]
-        for j in range(group_ptr[g], group_ptr[g + 1]):
-            if qhead[g, group_models[j]] == h:
-                m = group_models[j]
+        h = ghead[g]  # the oldest queued request: its model goes next
+        m = model[h]
         enter = arrival[h] + request_overhead
         if stage_free[g, 0] > enter:
             enter = stage_free[g, 0]
@@ -243,48 +267,61 @@ def _advance_group(g, t, arrival, deadline, group_ptr, group_models, latency, nu
             size += 1
             r = qnext[r]
         if size == 0:  # even alone the head misses its deadline: drop it
-            qhead[g, m] = qnext[h]
-            if qhead[g, m] == -1:
-                qtail[g, m] = -1
-            queued[g] -= 1
             status[h] = 2
             start[h] = np.nan
             finish[h] = np.nan
-            continue
-        s, f = _pipeline_run(latency, stage_free, num_stages, g, m, size, enter)
-        f += response_overhead
-        r = h
-        for _ in range(size):
-            following = qnext[r]
-            start[r] = s
-            finish[r] = f
-            batch_out[r] = size
-            status[r] = 0 if f <= deadline[r] else 1
-            if ftail[g] == -1:
-                fhead[g] = r
-            else:
-                fnext[ftail[g]] = r
-            ftail[g] = r
-            fnext[r] = -1
-            r = following
+            r = qnext[h]
+            taken[h] = True
+            removed = 1
+        else:
+            s, f = _pipeline_run(latency, stage_free, num_stages, g, m, size, enter)
+            for k in range(num_stages[g]):
+                busy[g] += latency[g, m, size, k] * intra_op[g]
+            f += response_overhead
+            r = h
+            for _ in range(size):
+                following = qnext[r]
+                start[r] = s
+                finish[r] = f
+                batch_out[r] = size
+                status[r] = 0 if f <= deadline[r] else 1
+                taken[r] = True
+                if ftail[g] == -1:
+                    fhead[g] = r
+                else:
+                    fnext[ftail[g]] = r
+                ftail[g] = r
+                fnext[r] = -1
+                r = following
+            inflight[g] += size
+            removed = size
         qhead[g, m] = r
         if r == -1:
             qtail[g, m] = -1
-        queued[g] -= size
-        inflight[g] += size
+        queued[g] -= removed
+        head = ghead[g]
+        while head != -1 and taken[head]:
+            head = gnext[head]
+        ghead[g] = head
+        if head == -1:
+            gtail[g] = -1
 
 
 @njit(cache=True)
-def _kernel_batched(arrival, model, deadline, host_ptr, host_groups, group_ptr, group_models, latency, num_stages,
-                    policy, admission, max_batch, request_overhead, response_overhead,
-                    start, finish, group_out, status, batch_out):
+def _kernel_batched(arrival, model, deadline, host_ptr, host_groups, latency, num_stages,
+                    policy, admission, max_batch, request_overhead, response_overhead, intra_op,
+                    start, finish, group_out, status, batch_out, busy):
     n = arrival.shape[0]
     num_groups = num_stages.shape[0]
     num_models = host_ptr.shape[0] - 1
     stage_free = np.zeros((num_groups, latency.shape[3]))
+    ghead = np.full(num_groups, -1, np.int64)
+    gtail = np.full(num_groups, -1, np.int64)
+    gnext = np.full(n, -1, np.int64)
     qhead = np.full((num_groups, num_models), -1, np.int64)
     qtail = np.full((num_groups, num_models), -1, np.int64)
     qnext = np.full(n, -1, np.int64)
+    taken = np.zeros(n, np.bool_)
     queued = np.zeros(num_groups, np.int64)
     fhead = np.full(num_groups, -1, np.int64)  # started, unfinished requests (finish times ascend)
     ftail = np.full(num_groups, -1, np.int64)
@@ -307,9 +344,15 @@ def _kernel_batched(arrival, model, deadline, host_ptr, host_groups, group_ptr, 
         best_key = np.inf
         for j in range(lo, hi):
             g = host_groups[j]
-            _advance_group(g, t, arrival, deadline, group_ptr, group_models, latency, num_stages, max_batch,
-                           request_overhead, response_overhead, stage_free, qhead, qtail, qnext, queued,
-                           fhead, ftail, fnext, inflight, start, finish, group_out, status, batch_out)
+            if queued[g] > 0:
+                ready = arrival[ghead[g]] + request_overhead
+                if stage_free[g, 0] > ready:
+                    ready = stage_free[g, 0]
+                if ready <= t:
+                    _advance_group(g, t, arrival, model, deadline, latency, num_stages, max_batch, request_overhead,
+                                   response_overhead, stage_free, ghead, gtail, gnext, qhead, qtail, qnext, taken,
+                                   queued, fhead, ftail, fnext, inflight, intra_op, start, finish, status, batch_out,
+                                   busy)
             h = fhead[g]
             while h != -1 and finish[h] <= t:
                 h = fnext[h]
@@ -343,26 +386,32 @@ def _kernel_batched(arrival, model, deadline, host_ptr, host_groups, group_ptr, 
         else:
             qnext[qtail[g, m]] = i
         qtail[g, m] = i
+        if gtail[g] == -1:
+            ghead[g] = i
+        else:
+            gnext[gtail[g]] = i
+        gtail[g] = i
         queued[g] += 1
     for g in range(num_groups):
-        _advance_group(g, np.inf, arrival, deadline, group_ptr, group_models, latency, num_stages, max_batch,
-                       request_overhead, response_overhead, stage_free, qhead, qtail, qnext, queued,
-                       fhead, ftail, fnext, inflight, start, finish, group_out, status, batch_out)
+        _advance_group(g, np.inf, arrival, model, deadline, latency, num_stages, max_batch, request_overhead,
+                       response_overhead, stage_free, ghead, gtail, gnext, qhead, qtail, qnext, taken, queued,
+                       fhead, ftail, fnext, inflight, intra_op, start, finish, status, batch_out, busy)
 
 
 # ------------------------------------------------------------------------------------- reference engine
 class _ReferenceEngine:
     """The same simulation in plain Python, calling the policy objects: any DispatchPolicy / BatchPolicy works."""
 
-    def __init__(self, tables: _Tables, placement: Placement, model_names: list[str], config: SimulatorConfig,
+    def __init__(self, tables: _Tables, groups: Sequence[GroupSpec], model_names: list[str], config: SimulatorConfig,
                  workload: Workload, max_batch: int):
         self.t = tables
         self.names = model_names
         self.cfg = config
         self.w = workload
         self.max_batch = max_batch
-        n, num_groups = len(workload), len(placement.groups)
-        self.group_names = [frozenset(n for n in g.models if n in set(model_names)) for g in placement.groups]
+        n, num_groups = len(workload), len(groups)
+        known = set(model_names)
+        self.group_names = [frozenset(name for name in names if name in known) for _, _, names in groups]
         self.stage_free = np.zeros((num_groups, tables.latency.shape[3]))
         self.start = np.full(n, np.nan)
         self.finish = np.full(n, np.nan)
@@ -504,6 +553,7 @@ class SimulationResult:
     status: np.ndarray
     batch_size: np.ndarray
     tables: _Tables
+    busy_device_s: np.ndarray | None = None  # per group, filled by the compiled kernels
 
     @property
     def served(self) -> np.ndarray:
@@ -542,6 +592,8 @@ class SimulationResult:
 
     def group_busy_seconds(self) -> np.ndarray:
         """Busy device-seconds per group."""
+        if self.busy_device_s is not None:
+            return self.busy_device_s
         done = self.group >= 0
         return np.bincount(self.group[done], weights=self.device_seconds()[done], minlength=len(self.tables.num_stages))
 
@@ -577,15 +629,34 @@ def simulate(placement: Placement, profiles: ProfileSet, workload: Workload, con
     """Simulate `workload` on `placement`. Built-in policies run compiled unless `reference` asks for the Python
     loop; other policy objects always run in the Python loop."""
     config = config or SimulatorConfig()
+    max_batch = config.batching.max_batch_size if config.batching is not None else 1
+    groups = [(group.num_devices, group.config, group.models) for group in placement.groups]
+    for g, (_, group_config, names) in enumerate(groups):
+        for name in names:
+            if name not in profiles.models:
+                raise ValueError(f"groups.{g}.models: {name!r} has no profile")
+            if not profiles.models[name].has(group_config):
+                raise ValueError(f"groups.{g}: model {name!r} has no profile for {group_config.key()}")
+    return simulate_groups(groups, LatencyCache(profiles, max_batch), workload, config, reference=reference)
+
+
+def simulate_groups(groups: Sequence[GroupSpec], cache: LatencyCache, workload: Workload,
+                    config: SimulatorConfig | None = None, *, reference: bool = False) -> SimulationResult:
+    """:func:`simulate` on groups given as (devices, config, model names), with a reusable latency cache."""
+    config = config or SimulatorConfig()
     names = list(workload.model_names)
     max_batch = config.batching.max_batch_size if config.batching is not None else 1
-    tables = build_tables(placement, profiles, names, max_batch)
+    if cache.max_batch_size < max_batch:
+        raise ValueError(f"latency cache holds batch sizes up to {cache.max_batch_size}, batching needs {max_batch}")
+    tables = build_tables(groups, cache, names)
+    if cache.max_batch_size > max_batch:
+        tables.latency = np.ascontiguousarray(tables.latency[:, :, : max_batch + 1])
     n = len(workload)
     kernel_code = getattr(config.dispatch, "kernel_code", None)
     compiled = (not reference and kernel_code is not None and type(config.dispatch).__module__ == "placement.dispatch"
                 and (config.batching is None or isinstance(config.batching, MaxBatchWithinSLO)))
     if not compiled:
-        engine = _ReferenceEngine(tables, placement, names, config, workload, max_batch)
+        engine = _ReferenceEngine(tables, groups, names, config, workload, max_batch)
         engine.run()
         return SimulationResult(workload, engine.start, engine.finish, engine.group, engine.status, engine.batch, tables)
     start = np.empty(n)
@@ -593,17 +664,20 @@ def simulate(placement: Placement, profiles: ProfileSet, workload: Workload, con
     group = np.full(n, -1, dtype=np.int64)
     status = np.zeros(n, dtype=np.int8)
     batch = np.ones(n, dtype=np.int64)
+    busy = np.zeros(len(groups))
     deadline = workload.arrival_s + workload.slo_s
     admission = bool(getattr(config.dispatch, "slo_admission", True))
     model = workload.model.astype(np.int64)
     if config.batching is None:
         _kernel_unbatched(workload.arrival_s, model, deadline, tables.host_ptr, tables.host_groups,
                           tables.latency, tables.num_stages, kernel_code, admission,
-                          config.request_overhead_s, config.response_overhead_s, start, finish, group, status)
+                          config.request_overhead_s, config.response_overhead_s, tables.intra_op, start, finish, group,
+                          status, busy)
     else:
         start[:] = np.nan
         finish[:] = np.nan
-        _kernel_batched(workload.arrival_s, model, deadline, tables.host_ptr, tables.host_groups, tables.group_ptr,
-                        tables.group_models, tables.latency, tables.num_stages, kernel_code, admission, max_batch,
-                        config.request_overhead_s, config.response_overhead_s, start, finish, group, status, batch)
-    return SimulationResult(workload, start, finish, group, status, batch, tables)
+        _kernel_batched(workload.arrival_s, model, deadline, tables.host_ptr, tables.host_groups, tables.latency,
+                        tables.num_stages, kernel_code, admission, max_batch,
+                        config.request_overhead_s, config.response_overhead_s, tables.intra_op, start, finish, group,
+                        status, batch, busy)
+    return SimulationResult(workload, start, finish, group, status, batch, tables, busy)

@@ -145,6 +145,7 @@ def test_compiled_kernel_matches_reference_loop(dispatch, batching):
         np.testing.assert_array_equal(getattr(fast, field), getattr(slow, field))
     for field in ("status", "group", "batch_size"):
         np.testing.assert_array_equal(getattr(fast, field), getattr(slow, field))
+    np.testing.assert_allclose(fast.group_busy_seconds(), slow.group_busy_seconds())
 
 
 class SendEverythingToGroupZero:

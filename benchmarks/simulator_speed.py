@@ -1,0 +1,131 @@
+"""Simulator speed: simulated requests per second on one core, without and with batching.
+
+Case (issue 3): 64 devices in 16 groups of 4 (4-stage pipelines), 48 models (the six Table 1 models that fit a
+V100, 8 instances each, reproduction profiles) with 4 replicas each, Gamma arrivals (CV 4) with power-law
+popularity, SLO 5x the single-device latency; at least 10^6 requests (--quick) or 5 x 10^6.
+
+Also measured, side by side: the same kernel as plain Python (numba's `py_func`) on a slice, to show what the
+compiled kernel buys. Writes benchmarks/out/simulator_speed.png (requests/s against workload size).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+
+from benchmarks._common import emit_json, machine_description, make_parser, out_dir, setup_logging  # noqa: E402
+from placement.batching import MaxBatchWithinSLO  # noqa: E402
+from placement.paper_profiles import replicate_profiles, table1_profiles  # noqa: E402
+from placement.placement_plan import GroupPlacement, Placement  # noqa: E402
+from placement.profiles import ParallelConfig  # noqa: E402
+from placement import simulator as sim  # noqa: E402
+from placement.workload import gamma_workload  # noqa: E402
+
+MODELS = ("bert-1.3b", "bert-2.7b", "bert-6.7b", "moe-1.3b", "moe-2.4b", "moe-5.3b")
+INSTANCES_PER_MODEL = 8
+NUM_GROUPS, DEVICES_PER_GROUP, REPLICAS_PER_MODEL = 16, 4, 4
+TOTAL_RATE_PER_S, CV, SLO_SCALE, POPULARITY_EXPONENT = 300.0, 4.0, 5.0, 0.5
+MAX_BATCH_SIZE = 8
+REPEATS = 3
+PURE_PYTHON_REQUESTS = 50_000
+
+
+def build_case(num_requests: int):
+    profiles = replicate_profiles(table1_profiles(), {m: INSTANCES_PER_MODEL for m in MODELS}).profiles
+    names = sorted(profiles.models)
+    groups = [[] for _ in range(NUM_GROUPS)]
+    for replica in range(REPLICAS_PER_MODEL):
+        for i, name in enumerate(names):
+            groups[(i + replica * (NUM_GROUPS // REPLICAS_PER_MODEL)) % NUM_GROUPS].append(name)
+    placement = Placement(groups=[GroupPlacement(num_devices=DEVICES_PER_GROUP,
+                                                 config=ParallelConfig(pipeline_stages=DEVICES_PER_GROUP),
+                                                 models=sorted(set(g))) for g in groups])
+    latency = [profiles.models[n].single_device_latency() for n in names]
+    duration = num_requests / TOTAL_RATE_PER_S
+    workload = gamma_workload(names, TOTAL_RATE_PER_S, CV, [SLO_SCALE * l for l in latency], duration,
+                              POPULARITY_EXPONENT, seed=0)
+    return placement, profiles, workload
+
+
+def best_rate(placement, profiles, workload, config) -> tuple[float, float]:
+    """Requests per second of the best of REPEATS runs (tables included), and the SLO attainment."""
+    best = np.inf
+    for _ in range(REPEATS):
+        started = time.perf_counter()
+        result = sim.simulate(placement, profiles, workload, config)
+        best = min(best, time.perf_counter() - started)
+    return len(workload) / best, result.slo_attainment()
+
+
+def pure_python_rate(placement, profiles, workload) -> float:
+    """The unbatched kernel run as plain Python (no numba) on a slice of the workload."""
+    kernel = getattr(sim._kernel_unbatched, "py_func", sim._kernel_unbatched)
+    part = workload.take(np.arange(min(PURE_PYTHON_REQUESTS, len(workload))))
+    tables = sim.build_tables([(g.num_devices, g.config, g.models) for g in placement.groups],
+                              sim.LatencyCache(profiles, 1), part.model_names)
+    n = len(part)
+    outputs = (np.empty(n), np.empty(n), np.full(n, -1, np.int64), np.zeros(n, np.int8), np.zeros(len(placement.groups)))
+    started = time.perf_counter()
+    kernel(part.arrival_s, part.model.astype(np.int64), part.arrival_s + part.slo_s, tables.host_ptr,
+           tables.host_groups, tables.latency, tables.num_stages, 0, True, 0.0, 0.0, tables.intra_op, *outputs)
+    return n / (time.perf_counter() - started)
+
+
+def main() -> None:
+    args = make_parser(__doc__).parse_args()
+    log = setup_logging("simulator_speed")
+    num_requests = 1_000_000 if args.quick else 5_000_000
+    log.info("building the case: %d requests, 48 models, 64 devices", num_requests)
+    placement, profiles, workload = build_case(num_requests)
+    log.info("workload: %d requests over %.0f s; compiling kernels", len(workload), workload.duration_s)
+    small = workload.take(np.arange(1000))
+    sim.simulate(placement, profiles, small)
+    sim.simulate(placement, profiles, small, sim.SimulatorConfig(batching=MaxBatchWithinSLO(MAX_BATCH_SIZE)))
+
+    log.info("timing without batching")
+    rate, attainment = best_rate(placement, profiles, workload, sim.SimulatorConfig())
+    log.info("  %.2f M requests/s (attainment %.4f)", rate / 1e6, attainment)
+    log.info("timing with batching (max batch %d)", MAX_BATCH_SIZE)
+    rate_b, attainment_b = best_rate(placement, profiles, workload,
+                                     sim.SimulatorConfig(batching=MaxBatchWithinSLO(MAX_BATCH_SIZE)))
+    log.info("  %.2f M requests/s (attainment %.4f)", rate_b / 1e6, attainment_b)
+    log.info("timing the same kernel as plain Python on %d requests", PURE_PYTHON_REQUESTS)
+    rate_py = pure_python_rate(placement, profiles, workload)
+    log.info("  %.3f M requests/s", rate_py / 1e6)
+
+    sizes = [10_000, 100_000, len(workload)]
+    curve = []
+    for size in sizes:
+        part = workload.take(np.arange(min(size, len(workload))))
+        curve.append(best_rate(placement, profiles, part, sim.SimulatorConfig())[0])
+        log.info("  %d requests: %.2f M requests/s", size, curve[-1] / 1e6)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        ax.semilogx(sizes, np.asarray(curve) / 1e6, marker="o", label="no batching")
+        ax.axhline(rate_b / 1e6, color="tab:orange", linestyle="--", label=f"batching (max {MAX_BATCH_SIZE})")
+        ax.axhline(3.0, color="grey", linestyle=":", label="target 3 M/s")
+        ax.set_xlabel("requests simulated")
+        ax.set_ylabel("million requests / s")
+        ax.set_title("plexserve simulator speed (one core)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out_dir() / "simulator_speed.png", dpi=120)
+    except ImportError:
+        log.warning("matplotlib missing: no PNG")
+    emit_json({
+        "requests": len(workload), "requests_per_s": rate, "requests_per_s_batching": rate_b,
+        "requests_per_s_pure_python": rate_py, "numba": sim.HAVE_NUMBA, "slo_attainment": attainment,
+        "slo_attainment_batching": attainment_b, "machine": machine_description(),
+    })
+
+
+if __name__ == "__main__":
+    main()
