@@ -1,0 +1,141 @@
+"""The AlpaServe planner (§4.2) and its baselines: memory feasibility, never worse than Selective Replication on
+these cases, consistent predictions, bucket enumeration, and the placement's JSON form."""
+
+import numpy as np
+import pytest
+
+from placement.baselines import clockwork_plus_plus, round_robin, selective_replication
+from placement.paper_profiles import GB, replicate_profiles, table1_profiles
+from placement.placement_plan import GroupPlacement, Placement
+from placement.planner import PlannerConfig, device_buckets, group_partitions, model_buckets, plan
+from placement.profiles import ParallelConfig
+from placement.simulator import simulate
+from placement.workload import gamma_workload
+
+BUDGET = 13 * GB
+
+
+def case(counts, total_rate, cv, duration_s=120.0, slo_scale=5.0, seed=0):
+    model_set = replicate_profiles(table1_profiles(), counts)
+    names = sorted(model_set.profiles.models)
+    latency = [model_set.profiles.models[n].single_device_latency() for n in names]
+    workload = gamma_workload(names, total_rate, cv, [slo_scale * l for l in latency], duration_s,
+                              popularity_exponent=0.5, seed=seed)
+    return names, model_set.profiles, workload
+
+
+def assert_feasible(placement: Placement, profiles, num_devices: int, budget: int):
+    assert placement.num_devices <= num_devices
+    placement.check_memory(profiles, budget)
+    for group in placement.groups:
+        assert group.config.num_devices == group.num_devices
+        assert group.weight_bytes_per_device(profiles) <= budget
+
+
+@pytest.mark.parametrize("counts,devices,rate,cv", [
+    ({"bert-2.7b": 4}, 4, 12.0, 4.0),  # §3.1/§3.2-like: bursty, models that fill most of a device
+    ({"bert-1.3b": 4, "bert-6.7b": 2}, 6, 10.0, 3.0),  # two buckets, a model that fits no single device
+])
+def test_planner_is_feasible_and_never_worse_than_selective_replication(counts, devices, rate, cv):
+    names, profiles, workload = case(counts, rate, cv)
+    ours = plan(names, profiles, workload, devices, BUDGET)
+    sr = selective_replication(names, profiles, workload, devices, BUDGET)
+    assert_feasible(ours, profiles, devices, BUDGET)
+    assert_feasible(sr, profiles, devices, BUDGET)
+    assert ours.predicted_slo_attainment >= sr.predicted_slo_attainment
+    # The prediction is what the simulator says of the returned placement.
+    assert simulate(ours, profiles, workload).slo_attainment() == pytest.approx(ours.predicted_slo_attainment)
+    assert ours.stats.simulations > 0 and ours.stats.candidates > 0
+
+
+def test_model_parallelism_wins_when_models_barely_fit():
+    """§3.1: two models of 5.4 GB on two 6 GB devices; bursty traffic favours one 2-stage group hosting both."""
+    names, profiles, workload = case({"bert-2.7b": 2}, 4.0, 4.0, duration_s=300.0, slo_scale=3.0)
+    budget = 6 * GB
+    ours = plan(names, profiles, workload, 2, budget)
+    sr = selective_replication(names, profiles, workload, 2, budget)
+    assert_feasible(ours, profiles, 2, budget)
+    assert any(group.num_devices == 2 and set(group.models) == set(names) for group in ours.groups)
+    assert ours.predicted_slo_attainment > sr.predicted_slo_attainment
+
+
+def test_beam_search_and_fast_variant():
+    names, profiles, workload = case({"bert-1.3b": 3}, 8.0, 3.0, duration_s=60.0)
+    beam = plan(names, profiles, workload, 2, 6 * GB, PlannerConfig(fast=False, beam_size=2, max_group_devices=2))
+    fast = plan(names, profiles, workload, 2, 6 * GB, PlannerConfig(max_group_devices=2))
+    for placement in (beam, fast):
+        assert_feasible(placement, profiles, 2, 6 * GB)
+        assert placement.models() == set(names)
+    assert beam.stats.simulations > fast.stats.simulations
+
+
+def test_memory_constraint_leaves_out_what_cannot_fit():
+    names, profiles, workload = case({"bert-6.7b": 2}, 4.0, 1.0, duration_s=30.0)
+    # 13.4 GB models, 8 GB devices: a single device cannot hold one; SR places nothing, we split them.
+    sr = selective_replication(names, profiles, workload, 4, 8 * GB)
+    ours = plan(names, profiles, workload, 4, 8 * GB)
+    assert sr.models() == set()
+    assert sr.predicted_slo_attainment == 0.0
+    assert ours.models() == set(names)
+    assert_feasible(ours, profiles, 4, 8 * GB)
+
+
+def test_round_robin_and_clockwork():
+    names, profiles, workload = case({"bert-1.3b": 4}, 8.0, 2.0, duration_s=240.0)
+    rr = round_robin(names, profiles, workload, 2, 6 * GB)
+    assert_feasible(rr, profiles, 2, 6 * GB)
+    assert rr.models() == set(names)
+    assert all(len(group.models) == 2 for group in rr.groups)  # 2.4 GB models, 6 GB devices
+    dynamic = clockwork_plus_plus(names, profiles, workload, 2, 6 * GB, window_s=60.0)
+    assert len(dynamic.windows) == 4
+    assert sum(w.requests for w in dynamic.windows) == len(workload)
+    assert 0 < dynamic.slo_attainment <= 1
+    for window in dynamic.windows:
+        assert_feasible(window.placement, profiles, 2, 6 * GB)
+
+
+def test_model_buckets_separate_distant_latencies():
+    names, profiles, _ = case({"bert-1.3b": 2, "moe-1.3b": 1, "bert-6.7b": 2}, 1.0, 1.0, duration_s=10.0)
+    options = model_buckets(profiles, names, latency_ratio=2.0, max_buckets=3)
+    assert options
+    for buckets in options:
+        assert sorted(n for b in buckets for n in b) == sorted(names)
+        for bucket in buckets:
+            assert not ({"bert-1.3b-0", "bert-6.7b-0"} <= set(bucket))
+    loose = model_buckets(profiles, names, latency_ratio=10.0, max_buckets=3)
+    assert any(len(buckets) == 1 for buckets in loose)  # a loose threshold allows one bucket for all
+
+
+def test_device_buckets_and_group_partitions():
+    splits = device_buckets(8, [1.0, 3.0], discrepancy=2.0, max_splits=3, minimum=[1, 1])
+    assert splits[0] == (2, 6)
+    assert all(sum(s) == 8 for s in splits)
+    assert group_partitions(6, PlannerConfig(max_group_devices=4)) == [[1] * 6, [2, 2, 2], [4, 2]]
+    assert group_partitions(3, PlannerConfig(allow_model_parallelism=False)) == [[1, 1, 1]]
+
+
+def test_placement_json_round_trip_and_normalize(tmp_path):
+    placement = Placement(groups=[
+        GroupPlacement(num_devices=1, config=ParallelConfig(), models=["b", "a"]),
+        GroupPlacement(num_devices=2, config=ParallelConfig(pipeline_stages=2), models=["c"]),
+    ], predicted_slo_attainment=0.5)
+    path = tmp_path / "placement.json"
+    placement.save(path)
+    loaded = Placement.load(path)
+    assert loaded == placement
+    normal = loaded.normalize()
+    assert normal.groups[0].num_devices == 2 and normal.groups[1].models == ["a", "b"]
+    assert normal.normalize() == normal
+    with pytest.raises(ValueError, match="num_devices"):
+        GroupPlacement(num_devices=3, config=ParallelConfig(pipeline_stages=2), models=[])
+
+
+def test_bad_input_is_named():
+    names, profiles, workload = case({"bert-1.3b": 1}, 1.0, 1.0, duration_s=10.0)
+    with pytest.raises(ValueError, match="profile"):
+        plan(names + ["nope"], profiles, workload, 1, BUDGET)
+    with pytest.raises(ValueError, match="beam_size"):
+        PlannerConfig(beam_size=0)
+    too_big = Placement(groups=[GroupPlacement(num_devices=1, config=ParallelConfig(), models=names)])
+    with pytest.raises(ValueError, match="device_memory_bytes"):
+        too_big.check_memory(profiles, 1 * GB)
