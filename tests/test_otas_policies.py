@@ -1,0 +1,256 @@
+"""OTAS policies: Alg. 1 batching constraints, Alg. 2 DP optimality against brute force, Alg. 3, eviction, accounting."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from placement.otas_baselines import FixedGammaAllocator, ModelSwitchingAllocator
+from placement.otas_batching import AdaptiveBatcher, AdaptiveBatchingParams, OtasBatch, OtasRequest, parse_batching_params
+from placement.otas_profile import OtasProfile
+from placement.otas_scheduler import OtasScheduler
+from placement.otas_simulation import QueryType, fluctuating_poisson_trace, fluctuating_rates, simulate
+from placement.otas_token_allocation import (
+    OtasTokenAllocator,
+    RateToGamma,
+    TokenAllocationParams,
+    allocate_by_load,
+    allocate_dp,
+    parse_allocation_params,
+    profile_estimator,
+)
+
+GAMMAS = [-8, -4, 0, 2, 4]
+BATCH_SIZES = [1, 2, 4, 8]
+
+
+def make_profile(seed: int = 0) -> OtasProfile:
+    """A small synthetic profile (a stand-in for tests): faster and less accurate as gamma decreases."""
+    rng = random.Random(seed)
+    latency = {}
+    for g in GAMMAS:
+        per_batch = 0.010 * (1 + 0.08 * g) * rng.uniform(0.9, 1.1)
+        latency[g] = {b: per_batch * (0.5 + 0.5 * b) for b in BATCH_SIZES}
+    accuracy = {
+        "easy": {g: min(1.0, 0.9 + 0.01 * g) for g in GAMMAS},
+        "hard": {g: max(0.1, 0.6 + 0.05 * g) for g in GAMMAS},
+    }
+    return OtasProfile(source="synthetic test stand-in", device="none", gamma_list=GAMMAS, batch_sizes=BATCH_SIZES,
+                       latency_s=latency, accuracy=accuracy)
+
+
+def request(task="easy", arrival=0.0, slo=1.0, utility=0.5) -> OtasRequest:
+    return OtasRequest(task, arrival, arrival + slo, utility)
+
+
+# ---- Alg. 1 -------------------------------------------------------------------------------------------------------
+def test_batching_groups_similar_queries():
+    batcher = AdaptiveBatcher(AdaptiveBatchingParams(delta_s=0.5, epsilon=3, eta_s=0.2, mu=0.3))
+    queue: list[OtasBatch] = []
+    for i in range(3):
+        batcher.add(queue, request(arrival=0.01 * i))
+    assert [len(b) for b in queue] == [3]
+
+
+def test_batching_size_cap_epsilon():
+    batcher = AdaptiveBatcher(AdaptiveBatchingParams(delta_s=0.5, epsilon=2, eta_s=1.0, mu=1.0))
+    queue: list[OtasBatch] = []
+    for i in range(5):
+        batcher.add(queue, request(arrival=0.01 * i))
+    assert [len(b) for b in queue] == [2, 2, 1]
+
+
+def test_batching_first_request_wait_delta():
+    batcher = AdaptiveBatcher(AdaptiveBatchingParams(delta_s=0.1, epsilon=64, eta_s=10.0, mu=10.0))
+    queue: list[OtasBatch] = []
+    batcher.add(queue, request(arrival=0.0, slo=5.0))
+    batcher.add(queue, request(arrival=0.05, slo=5.0))
+    batcher.add(queue, request(arrival=0.2, slo=5.0))  # first query of batch 0 waited 0.2 > delta
+    assert [len(b) for b in queue] == [2, 1]
+
+
+def test_batching_deadline_gap_eta_and_utility_gap_mu():
+    batcher = AdaptiveBatcher(AdaptiveBatchingParams(delta_s=1.0, epsilon=64, eta_s=0.1, mu=0.2))
+    queue: list[OtasBatch] = []
+    batcher.add(queue, request(slo=1.0, utility=0.5))
+    batcher.add(queue, request(slo=2.0, utility=0.5))  # deadline differs by 1.0 > eta
+    batcher.add(queue, request(slo=1.05, utility=0.9))  # utility differs by 0.4 > mu
+    batcher.add(queue, request(slo=1.05, utility=0.6))  # joins the first batch
+    assert [len(b) for b in queue] == [2, 1, 1]
+    assert queue[0].deadline_s == pytest.approx(1.0)  # d_b = min d_r
+
+
+def test_batching_params_errors_name_the_field():
+    with pytest.raises(ValueError, match="epsilon"):
+        parse_batching_params({"epsilon": 0})
+    with pytest.raises(ValueError, match="kappa"):
+        parse_allocation_params({"kappa": -1})
+
+
+# ---- Alg. 2 against brute force -----------------------------------------------------------------------------------
+def brute_force(batches, now, gammas, estimate):
+    """Problem (1) by enumeration: each batch in deadline order skipped or run at one gamma."""
+    order = sorted(batches, key=lambda b: b.deadline_s)
+    best = 0.0
+    for choice in itertools.product([None] + gammas, repeat=len(order)):
+        clock, total, feasible = now, 0.0, True
+        for batch, gamma in zip(order, choice):
+            if gamma is None:
+                continue
+            est = estimate(batch, gamma)
+            clock += est.latency_s
+            if clock >= batch.deadline_s:
+                feasible = False
+                break
+            total += est.utility
+        if feasible:
+            best = max(best, total)
+    return best
+
+
+def random_batches(rng: random.Random, count: int) -> list[OtasBatch]:
+    batches = []
+    for _ in range(count):
+        size = rng.randint(1, 8)
+        slo = rng.uniform(0.005, 0.08)
+        batches.append(OtasBatch([request(task=rng.choice(["easy", "hard"]), slo=slo * rng.uniform(1, 1.2),
+                                          utility=rng.choice([0.01, 0.2, 0.3, 1.0])) for _ in range(size)]))
+    return batches
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_dp_matches_brute_force_optimum(seed):
+    rng = random.Random(seed)
+    profile = make_profile(seed)
+    estimate = profile_estimator(profile)
+    batches = random_batches(rng, rng.randint(1, 5))
+    plan = allocate_dp(batches, 0.0, GAMMAS, estimate, max_labels_per_cell=None)
+    optimum = brute_force(batches, 0.0, GAMMAS, estimate)
+    assert plan.expected_utility == pytest.approx(optimum)
+    # The plan itself is feasible and achieves what it claims.
+    clock, total = 0.0, 0.0
+    for batch, gamma in zip(plan.batches, plan.gammas):
+        if gamma is None:
+            continue
+        est = estimate(batch, gamma)
+        clock += est.latency_s
+        assert clock < batch.deadline_s
+        total += est.utility
+    assert total == pytest.approx(optimum)
+
+
+def test_single_label_dp_can_miss_the_optimum_that_pareto_labels_find():
+    """The paper's one label per cell keeps the higher-utility prefix even when it finishes too late for the rest."""
+    profile = make_profile(0)
+    estimate = profile_estimator(profile)
+    found_gap = False
+    for seed in range(200):
+        rng = random.Random(seed)
+        batches = random_batches(rng, 4)
+        exact = allocate_dp(batches, 0.0, GAMMAS, estimate, max_labels_per_cell=None).expected_utility
+        single = allocate_dp(batches, 0.0, GAMMAS, estimate, max_labels_per_cell=1).expected_utility
+        assert single <= exact + 1e-12
+        found_gap |= single < exact - 1e-9
+    assert found_gap
+
+
+def test_dp_prefers_prompts_with_slack_and_merging_under_pressure():
+    profile = make_profile(0)
+    estimate = profile_estimator(profile)
+    relaxed = [OtasBatch([request("hard", slo=10.0, utility=1.0)]) for _ in range(6)]
+    plan = allocate_dp(relaxed, 0.0, GAMMAS, estimate)
+    assert plan.gammas == [max(GAMMAS)] * 6
+    tight_slo = 6 * profile.batch_latency_s(-8, 1) * 1.05
+    tight = [OtasBatch([request("easy", slo=tight_slo, utility=1.0)]) for _ in range(6)]
+    plan = allocate_dp(tight, 0.0, GAMMAS, estimate)
+    assert plan.gammas == [min(GAMMAS)] * 6  # only full merging serves all six in time
+
+
+# ---- Alg. 3 -------------------------------------------------------------------------------------------------------
+def test_rate_to_gamma_is_monotone_and_profiled():
+    profile = make_profile(0)
+    f = RateToGamma.from_profile(profile, batch_size=8)
+    picks = [f(rate) for rate in (1, 100, 500, 700, 900, 1e6)]
+    assert picks == sorted(picks, reverse=True)
+    assert picks[0] == max(GAMMAS) and picks[-1] == min(GAMMAS)
+
+
+def test_load_allocation_rules():
+    profile = make_profile(0)
+    estimate = profile_estimator(profile)
+    f = RateToGamma.from_profile(profile, batch_size=8)
+    doomed = OtasBatch([request(slo=0.001, utility=0.1)])
+    critical = OtasBatch([request(slo=5.0, utility=0.95)])
+    normal = OtasBatch([request(slo=6.0, utility=0.1)])
+    plan = allocate_by_load([normal, critical, doomed], 0.0, GAMMAS, estimate, rate_rps=1e6, rate_to_gamma=f, kappa=0.8)
+    by_batch = dict(zip(map(id, plan.batches), plan.gammas))
+    assert by_batch[id(doomed)] == min(GAMMAS)  # would miss its deadline
+    assert by_batch[id(critical)] == max(GAMMAS)  # mean utility > kappa
+    assert by_batch[id(normal)] == f(1e6) == min(GAMMAS)
+
+
+def test_allocator_uses_load_fallback_for_short_queue_and_initial_stage():
+    profile = make_profile(0)
+    allocator = OtasTokenAllocator(profile, TokenAllocationParams(gamma_list=GAMMAS, beta=2, initial_stage_s=1.0), batch_cap=8)
+    batches = [OtasBatch([request(slo=1.0)]) for _ in range(4)]
+    assert allocator.allocate(batches, 0.0, 10.0, since_start_s=0.5).method == "load"
+    assert allocator.allocate(batches[:2], 0.0, 10.0, since_start_s=5.0).method == "load"
+    assert allocator.allocate(batches, 0.0, 10.0, since_start_s=5.0).method == "dp"
+
+
+def test_allocator_rejects_unprofiled_gammas():
+    with pytest.raises(ValueError, match="gamma_list"):
+        OtasTokenAllocator(make_profile(0), TokenAllocationParams(gamma_list=[-20, 0]), batch_cap=8)
+
+
+# ---- scheduler: eviction and accounting -----------------------------------------------------------------------------
+def test_scheduler_evicts_queries_that_cannot_meet_their_deadline():
+    profile = make_profile(0)
+    scheduler = OtasScheduler(FixedGammaAllocator(profile, 0))
+    scheduler.submit(request(arrival=0.0, slo=0.001))
+    scheduler.submit(request(arrival=0.0, slo=1.0, utility=0.5))
+    dispatch, evicted = scheduler.next_batch(0.0)
+    assert len(evicted) == 1 and scheduler.ledger.counts["evicted"] == 1
+    assert dispatch is not None and len(dispatch.batch) == 1 and dispatch.gamma == 0
+
+
+def test_scheduler_accounts_utility_by_outcome():
+    profile = make_profile(0)
+    scheduler = OtasScheduler(FixedGammaAllocator(profile, 0), AdaptiveBatchingParams(epsilon=8))
+    for utility in (0.3, 0.3, 0.3):
+        scheduler.submit(request(arrival=0.0, slo=1.0, utility=utility))
+    dispatch, _ = scheduler.next_batch(0.0)
+    scheduler.complete(dispatch, finish_s=0.5, correct=[True, False, True])
+    assert scheduler.ledger.counts["correct"] == 2 and scheduler.ledger.counts["wrong"] == 1
+    assert scheduler.ledger.utility == pytest.approx(0.6)
+    scheduler.submit(request(arrival=1.0, slo=0.5, utility=1.0))
+    dispatch, _ = scheduler.next_batch(1.0)
+    scheduler.complete(dispatch, finish_s=2.0, correct=[True])
+    assert scheduler.ledger.counts["late"] == 1 and scheduler.ledger.utility == pytest.approx(0.6)
+
+
+def test_model_switching_pays_the_load_delay_once_per_switch():
+    profile = make_profile(0)
+    allocator = ModelSwitchingAllocator(profile, [-8, 0, 4], switch_delay_s=0.3, batch_cap=8, min_dwell_s=0.0)
+    batches = [OtasBatch([request()])]
+    assert allocator.allocate(batches, 0.0, rate_rps=1.0, since_start_s=0.0).setup_s == 0.0  # already the largest
+    switched = allocator.allocate(batches, 1.0, rate_rps=1e6, since_start_s=1.0)
+    assert switched.setup_s == 0.3 and switched.gammas == [-8]
+    assert allocator.allocate(batches, 2.0, rate_rps=1e6, since_start_s=2.0).setup_s == 0.0
+
+
+def test_simulation_accounts_every_query_and_otas_beats_fixed_plain_under_overload():
+    profile = make_profile(0)
+    types = [QueryType("easy", 0.06, 0.3), QueryType("hard", 0.06, 1.0), QueryType("hard", 0.12, 0.2)]
+    capacity = profile.throughput_rps(0, 8)
+    trace = fluctuating_poisson_trace(fluctuating_rates(6, 0.5 * capacity, 1.6 * capacity, seed=1), types, seed=2)
+    params = TokenAllocationParams(gamma_list=GAMMAS, initial_stage_s=0.5)
+    results = {}
+    for name, allocator in {"otas": OtasTokenAllocator(profile, params, batch_cap=8),
+                            "fixed0": FixedGammaAllocator(profile, 0)}.items():
+        result = simulate(trace, OtasScheduler(allocator, AdaptiveBatchingParams(epsilon=8, delta_s=0.05, eta_s=0.05)), profile)
+        assert result.ledger.total == len(trace)
+        results[name] = result.ledger.utility
+    assert results["otas"] > results["fixed0"]
