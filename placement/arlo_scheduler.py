@@ -209,6 +209,10 @@ class ArloDispatch(MultiLevelQueue):
             self._no_instance(length_tokens)
         return fallback
 
+    def choose_instance(self, length_tokens: int) -> Hashable:
+        """The instance Alg. 1 would send the request to, without counting it (for callers that count themselves)."""
+        return self._ids[self.choose(length_tokens)]
+
     def dispatch(self, length_tokens: int) -> Hashable:
         """Alg. 1 in full: choose, send to the head instance, update its level's priority queue (lines 21-22)."""
         return self._send(self.choose(length_tokens))

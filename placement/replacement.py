@@ -71,3 +71,24 @@ def plan_replacement(current: dict[Hashable, int], target_counts: dict[int, int]
         plan.changes.append(InstanceChange(None, None, new))
     plan.batches = [plan.changes[k:k + batch_size] for k in range(0, len(plan.changes), batch_size)]
     return plan
+
+
+def rank_assignment(previous: dict[int, int], target_counts: dict[int, int]) -> dict[int, int]:
+    """Runtime per replica rank 0..n-1 for `target_counts`, keeping each surviving rank's runtime where possible.
+
+    The live deployment identifies instances by Ray Serve replica rank and cannot choose which replicas a downscale
+    stops, so ranks >= n count as released; among ranks < n this is `plan_replacement`'s minimal plan.
+    """
+    total = sum(target_counts.values())
+    if total < 1:
+        raise ValueError(f"target_counts must place at least one instance, got {target_counts}")
+    surviving = {rank: length for rank, length in previous.items() if 0 <= rank < total}
+    plan = plan_replacement(surviving, target_counts)
+    assignment = dict(plan.keep)
+    free_ranks = iter(sorted(set(range(total)) - set(surviving)))
+    for change in plan.changes:
+        if change.to_max_length_tokens is None:
+            continue
+        rank = change.instance_id if change.instance_id is not None else next(free_ranks)
+        assignment[rank] = change.to_max_length_tokens
+    return dict(sorted(assignment.items()))

@@ -1,0 +1,153 @@
+"""A polymorphing runtime instance as a Ray Serve replica (Arlo §3: one static-shape runtime per instance).
+
+All runtime instances of one model are replicas of ONE deployment, so that one `PolymorphRouter` sees them all and
+can apply Arlo's multi-level queue across runtimes (a Serve request router chooses among one deployment's replicas).
+Which runtime a replica runs is data: the deployment's `user_config` maps replica rank -> max length
+(`PolymorphUserConfig.assignment`); ranks it does not name run the longest runtime.
+
+* `record_replica_metadata` reports the runtime the replica started with and its capacity within the SLO (M_i);
+* `record_routing_stats` reports the current runtime, capacity and outstanding requests (queued + executing);
+* `reconfigure` (a new allocation) builds the newly assigned runtime first and then swaps it in, so requests
+  already running finish on the old one and none is dropped; a request longer than the current runtime (routed
+  on stale information during a swap) runs on the dynamic-shape path instead of failing.
+
+`allocation_update` turns a runtime allocation (instances per max length) into the declarative update — replica
+count and user_config — that changes the fewest replicas (placement.replacement.rank_assignment).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from ray import serve
+
+from models.text_encoder import load_text_encoder
+from ops.static_runtime import DynamicRuntime, StaticRuntime
+from placement.replacement import rank_assignment
+from placement.spec import ModelSpec
+from rayserve_apps._threads import set_torch_threads_for
+
+logger = logging.getLogger("ray.serve")
+
+#: Keys of the replica metadata and routing stats that PolymorphRouter reads.
+KEY_MAX_LENGTH = "max_length_tokens"
+KEY_CAPACITY = "capacity_requests"
+KEY_OUTSTANDING = "outstanding_requests"
+
+
+class PolymorphUserConfig(BaseModel):
+    """The live allocation: which runtime each replica rank runs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    assignment: dict[int, int] = Field(default_factory=dict, description="Replica rank -> runtime max length in tokens.")
+    version: int = Field(default=0, ge=0, description="Allocation version, increasing with every update.")
+
+
+class PolymorphRuntimeParams(BaseModel):
+    """What every replica of the deployment shares."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    capacities: dict[int, int] = Field(description="Runtime max length in tokens -> capacity within the SLO (Arlo M_i), in requests.")
+    batch_size: int = Field(default=1, ge=1, description="Batch size each static runtime is compiled for (Arlo: small, fixed).")
+    backend: str = Field(default="trace", pattern="^(eager|trace|compile)$", description="Static compilation backend.")
+
+
+def _current_rank() -> int:
+    try:
+        return int(serve.get_replica_context().rank.rank)
+    except Exception:  # pragma: no cover - outside a replica
+        return 0
+
+
+@serve.deployment
+class PolymorphRuntimeDeployment:
+    """One runtime instance; `embed_token_ids` is its API."""
+
+    def __init__(self, model_spec: dict, params: dict):
+        self.spec = ModelSpec.model_validate(model_spec)
+        self.params = PolymorphRuntimeParams.model_validate(params)
+        set_torch_threads_for(self.spec.num_cpus_per_replica)
+        self.encoder = load_text_encoder(self.spec.source, name=self.spec.name)
+        self.longest = max(self.params.capacities)
+        if self.longest > self.encoder.max_length:
+            raise ValueError(f"params.capacities: runtime {self.longest} exceeds the model's {self.encoder.max_length} tokens")
+        self.dynamic = DynamicRuntime(self.encoder)
+        self.outstanding = 0
+        self._compute_lock = asyncio.Lock()  # one forward pass at a time: an instance is one device
+        self.runtime = self._build(self._assigned_length(self._initial_user_config(), _current_rank()))
+
+    # --- allocation -------------------------------------------------------------------------------------------
+    @staticmethod
+    def _initial_user_config() -> PolymorphUserConfig:
+        try:  # the first reconfigure runs after the metadata is captured, so read the config here
+            raw = serve.get_replica_context()._deployment_config.user_config
+        except Exception:  # pragma: no cover - outside a replica
+            raw = None
+        return PolymorphUserConfig.model_validate(raw or {})
+
+    def _assigned_length(self, config: PolymorphUserConfig, rank: int) -> int:
+        length = config.assignment.get(rank, self.longest)
+        if length not in self.params.capacities:
+            raise ValueError(f"user_config.assignment[{rank}]={length} is not a runtime (have {sorted(self.params.capacities)})")
+        return length
+
+    def _build(self, length: int) -> StaticRuntime:
+        return StaticRuntime(self.encoder, length, self.params.batch_size, backend=self.params.backend)  # type: ignore[arg-type]
+
+    async def reconfigure(self, user_config: dict, rank: Any = None) -> None:
+        config = PolymorphUserConfig.model_validate(user_config or {})
+        length = self._assigned_length(config, int(rank.rank) if rank is not None else _current_rank())
+        if length != self.runtime.max_length_tokens:
+            logger.info("replica switches runtime %d -> %d (allocation v%d)", self.runtime.max_length_tokens, length, config.version)
+            new_runtime = await asyncio.to_thread(self._build, length)
+            self.runtime = new_runtime  # running requests keep their reference to the old runtime
+
+    # --- reports to the router --------------------------------------------------------------------------------
+    def record_replica_metadata(self) -> dict:
+        return {KEY_MAX_LENGTH: self.runtime.max_length_tokens,
+                KEY_CAPACITY: self.params.capacities[self.runtime.max_length_tokens]}
+
+    def record_routing_stats(self) -> dict:
+        return {KEY_MAX_LENGTH: self.runtime.max_length_tokens,
+                KEY_CAPACITY: self.params.capacities[self.runtime.max_length_tokens],
+                KEY_OUTSTANDING: self.outstanding}
+
+    # --- serving ------------------------------------------------------------------------------------------------
+    async def embed_token_ids(self, token_ids: list[list[int]]) -> dict:
+        """Embeddings of tokenized texts and the runtime length that served them; ValueError for bad input."""
+        if not isinstance(token_ids, list) or not token_ids or not all(isinstance(ids, list) and ids for ids in token_ids):
+            raise ValueError("token_ids must be a non-empty list of non-empty token id lists")
+        longest = max(len(ids) for ids in token_ids)
+        if longest > self.longest:
+            raise ValueError(f"input of {longest} tokens exceeds the longest runtime ({self.longest} tokens)")
+        self.outstanding += 1
+        try:
+            async with self._compute_lock:
+                runtime = self.runtime
+                if longest <= runtime.max_length_tokens:
+                    embeddings = await asyncio.to_thread(self._run_static, runtime, token_ids)
+                    served = runtime.max_length_tokens
+                else:  # routed on stale information during a runtime swap: never fail the request
+                    embeddings = await asyncio.to_thread(self.dynamic.run_tokens, token_ids)
+                    served = 0
+        finally:
+            self.outstanding -= 1
+        return {"embeddings": embeddings.tolist(), "served_by_max_length_tokens": served}
+
+    @staticmethod
+    def _run_static(runtime: StaticRuntime, token_ids: list[list[int]]):
+        import torch
+
+        chunks = [runtime.run_tokens(token_ids[k:k + runtime.batch_size]) for k in range(0, len(token_ids), runtime.batch_size)]
+        return torch.cat(chunks)
+
+
+def allocation_update(previous_assignment: dict[int, int], counts: dict[int, int], version: int) -> tuple[int, dict]:
+    """(num_replicas, user_config) realising `counts` (max length -> instances) with the fewest replica changes."""
+    assignment = rank_assignment(previous_assignment, counts)
+    return len(assignment), PolymorphUserConfig(assignment=assignment, version=version).model_dump()
