@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from placement.placement_plan import Placement
+
 #: Model names appear in URLs (`/v1/models/{name}/embed`), metric tags and deployment names.
 MODEL_NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
 
@@ -119,6 +121,14 @@ class DeploymentSpec(_Strict):
         default_factory=dict, description="Policies by role ('dispatch', 'batching', 'placement', ...)."
     )
     serving: ServingSpec = Field(default_factory=ServingSpec, description="HTTP limits.")
+    placement: Placement | None = Field(
+        default=None,
+        description=(
+            "Device groups with their parallel configuration and hosted models (AlpaServe §4.2). When given, each "
+            "group becomes a group deployment running its models on the model-parallel runtime; when absent, each "
+            "model gets a replicated single-device deployment."
+        ),
+    )
 
     @field_validator("models")
     @classmethod
@@ -129,6 +139,24 @@ class DeploymentSpec(_Strict):
                 raise ValueError(f"model name {model.name!r} appears twice")
             seen.add(model.name)
         return models
+
+    @model_validator(mode="after")
+    def _check_placement(self) -> "DeploymentSpec":
+        if self.placement is None:
+            return self
+        names = {m.name for m in self.models}
+        for index, group in enumerate(self.placement.groups):
+            unknown = sorted(set(group.models) - names)
+            if unknown:
+                raise ValueError(f"placement.groups.{index}.models names unknown model(s) {unknown}")
+            if not group.models:
+                raise ValueError(f"placement.groups.{index} hosts no model")
+        unplaced = sorted(names - self.placement.models())
+        if unplaced:
+            raise ValueError(f"placement hosts no group for model(s) {unplaced}")
+        if self.placement.num_devices > self.cluster.num_devices:
+            raise ValueError(f"placement uses {self.placement.num_devices} devices; cluster.num_devices is {self.cluster.num_devices}")
+        return self
 
     def policy(self, role: str, model: str | None = None) -> PolicySpec | None:
         """The policy for `role`: the model's own if it names one, else the spec-wide one, else None."""

@@ -2,7 +2,11 @@
 
 `serve run configs/local.yaml` imports `rayserve_apps.app:build_app` and passes the application's `args` (a
 deployment spec) to it. The builder validates the spec (a bad field fails before anything is deployed, with
-the field named) and binds one deployment per model behind one ingress.
+the field named) and binds, behind one ingress:
+- with a placement in the spec: one group deployment per device group (`group-<i>`, `group_deployment.py`),
+  whose replica reserves the group's devices as a placement group and runs the hosted models model-parallel;
+  before anything is deployed the placement is checked against the cluster's nodes (`cluster_fit.py`);
+- without one: one replicated single-device deployment per model (`model-<name>`).
 """
 
 from __future__ import annotations
@@ -12,9 +16,14 @@ from typing import Any
 
 from ray import serve
 from ray.serve import Application
+from ray.serve.config import RequestRouterConfig
 
+from placement.placement_plan import GroupPlacement, Placement
 from placement.spec import DeploymentSpec, ModelSpec, parse_spec
+from rayserve_apps.cluster_fit import check_placement_fits
+from rayserve_apps.group_deployment import GroupReplica, group_bundles
 from rayserve_apps.ingress import Ingress
+from rayserve_apps.model_router import ModelAwareRouter
 from rayserve_apps.text_deployment import TextModelDeployment
 from rayserve_apps.vision_deployment import VisionModelDeployment
 
@@ -24,8 +33,43 @@ logger = logging.getLogger(__name__)
 APP_NAME = "plexserve"
 
 
+#: Logical CPUs the group replica itself (bundle 0) reserves; its stage actors run in the device bundles.
+GROUP_REPLICA_NUM_CPUS = 0.25
+#: Seconds between a group replica's routing-stats reports (hosted models, queue length) to the router.
+ROUTING_STATS_PERIOD_S = 1.0
+
+
 def model_deployment_name(model: str) -> str:
     return f"model-{model}"
+
+
+def group_deployment_name(index: int) -> str:
+    return f"group-{index}"
+
+
+def group_user_config(spec: DeploymentSpec, group: GroupPlacement, version: int) -> dict[str, Any]:
+    """The part of a group replica that can change without a restart: its hosted models."""
+    return {"models": [spec.model(name).model_dump(mode="json") for name in group.models], "placement_version": version}
+
+
+def ingress_user_config(placement: Placement | None, version: int) -> dict[str, Any]:
+    """The part of the ingress that can change without a restart: the placement it dispatches over."""
+    return {"placement": placement.model_dump(mode="json") if placement is not None else None, "placement_version": version}
+
+
+def _bind_group(spec: DeploymentSpec, index: int, group: GroupPlacement, version: int) -> Application:
+    num_cpus_per_device = max(spec.model(name).num_cpus_per_replica for name in group.models)
+    return GroupReplica.options(
+        name=group_deployment_name(index),
+        num_replicas=1,
+        ray_actor_options={"num_cpus": GROUP_REPLICA_NUM_CPUS},
+        placement_group_bundles=group_bundles(group.num_devices, spec.cluster.device_resource, GROUP_REPLICA_NUM_CPUS, num_cpus_per_device),
+        # A group's stages exchange activations every request: keep all its devices on one node.
+        placement_group_strategy="STRICT_PACK",
+        user_config=group_user_config(spec, group, version),
+        request_router_config=RequestRouterConfig(request_router_class=ModelAwareRouter,
+                                                  request_routing_stats_period_s=ROUTING_STATS_PERIOD_S),
+    ).bind(group_deployment_name(index), group.num_devices, group.config.model_dump(), spec.cluster.device_resource)
 
 
 def _bind_model(model: ModelSpec) -> Application:
@@ -40,8 +84,13 @@ def _bind_model(model: ModelSpec) -> Application:
 def build_app(args: dict[str, Any] | DeploymentSpec) -> Application:
     """Ray Serve application builder: `import_path: rayserve_apps.app:build_app`, `args:` a deployment spec."""
     spec = parse_spec(args)
+    ingress = Ingress.options(ray_actor_options={"num_cpus": spec.serving.num_cpus_ingress},
+                              user_config=ingress_user_config(spec.placement, version=0))
+    if spec.placement is not None:
+        check_placement_fits(spec)
+        groups = [_bind_group(spec, i, group, version=0) for i, group in enumerate(spec.placement.groups)]
+        logger.info("plexserve app: %d models on %d device groups", len(spec.models), len(groups))
+        return ingress.bind(spec.model_dump(mode="json"), group_handles=groups)
     handles = {model.name: _bind_model(model) for model in spec.models}
     logger.info("plexserve app: %d models (%s)", len(spec.models), ", ".join(handles))
-    return Ingress.options(ray_actor_options={"num_cpus": spec.serving.num_cpus_ingress}).bind(
-        spec.model_dump(mode="json"), handles
-    )
+    return ingress.bind(spec.model_dump(mode="json"), model_handles=handles)

@@ -4,6 +4,7 @@ HTTP (FastAPI inside Ray Serve):
 - `POST /v1/models/{name}/embed`     body `{"texts": [...]}` -> `{"model", "embeddings": [[...], ...]}` in input order
 - `POST /v1/models/{name}/classify`  body `{"images": [N][C][H][W], "dtype": "float32"|"uint8"}` -> `{"model", "predictions"}`
 - `GET  /v1/models`                  the served models with their kind and limits
+- `GET  /v1/placement`               the live placement (groups, their models, replicas) or the per-model layout
 - `GET  /healthz`
 
 Python: `handle.embed.remote(model, texts)`, `handle.classify.remote(model, images)`, `handle.list_models.remote()`
@@ -13,6 +14,7 @@ on the application's handle (`serve.get_app_handle("plexserve")`). Bad input rai
 
 
 import logging
+import time
 from typing import Any, Awaitable, Callable
 
 from fastapi import FastAPI, Request
@@ -21,7 +23,10 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from models.text_encoder import TextTokenizer, load_text_tokenizer
+from placement.placement_plan import Placement
 from placement.spec import DeploymentSpec, ModelSpec, parse_spec
+from rayserve_apps import metrics
+from rayserve_apps.backends import Backend, GroupBackend, ModelDeploymentBackend
 from rayserve_apps.requests import (
     ImageContract,
     RequestError,
@@ -56,9 +61,13 @@ def describe_model(model: ModelSpec, text_limit: int | None) -> dict[str, Any]:
 class Ingress:
     """Validates, tokenizes and forwards each request to the deployment of its model."""
 
-    def __init__(self, spec: dict, model_handles: dict[str, DeploymentHandle]):
+    def __init__(self, spec: dict, model_handles: dict[str, DeploymentHandle] | None = None,
+                 group_handles: list[DeploymentHandle] | None = None):
         self.spec: DeploymentSpec = parse_spec(spec)
-        self.handles = model_handles
+        self.group_handles = group_handles or []
+        self.backend: Backend = GroupBackend(self.spec, self.group_handles) if group_handles else ModelDeploymentBackend(model_handles or {})
+        self._answered: dict[str, int] = {}
+        self._met: dict[str, int] = {}
         self.tokenizers: dict[str, TextTokenizer] = {
             m.name: load_text_tokenizer(m.source) for m in self.spec.models if m.kind == "text"
         }
@@ -66,6 +75,14 @@ class Ingress:
             name: min(self.spec.model(name).max_input_length_tokens or tok.max_length, tok.max_length)
             for name, tok in self.tokenizers.items()
         }
+
+    def reconfigure(self, user_config: dict[str, Any]) -> None:
+        """Adopt a new placement (hosted models per group) without a restart; see `live_update.py`."""
+        placement = user_config.get("placement")
+        if placement is None or not isinstance(self.backend, GroupBackend):
+            return
+        self.backend.set_placement(Placement.model_validate(placement), int(user_config.get("placement_version", 0)))
+        metrics.placement_version().set(self.backend.version, tags={"group": "ingress"})
 
     # ---- Python API (also what the HTTP routes call) ----
 
@@ -78,18 +95,48 @@ class Ingress:
             check_token_counts([len(ids) for ids in token_ids], limit, model)
         else:
             token_ids = tokenizer.encode(texts, truncate_to=limit)
-        embeddings = await self.handles[model].embed_token_ids.remote(token_ids)
+        embeddings = await self._call(spec, "embed_token_ids", token_ids)
         return {"model": model, "embeddings": embeddings}
 
     async def classify(self, model: str, images: Any, dtype: str = "float32") -> dict[str, Any]:
         spec = find_model(self.spec, model, "vision")
         contract = ImageContract(spec.in_chans, spec.image_size_px or 224, spec.image_size_px or 224)
         array = check_images({"images": images, "dtype": dtype}, contract, self.spec.serving.max_items_per_request)
-        predictions = await self.handles[model].classify.remote(array)
+        predictions = await self._call(spec, "classify", array)
         return {"model": model, "predictions": predictions}
 
     def list_models(self) -> dict[str, Any]:
         return {"models": [describe_model(m, self.text_limits.get(m.name)) for m in self.spec.models]}
+
+    async def placement(self) -> dict[str, Any]:
+        """The live layout: the placement and, per group, what its replica reports."""
+        layout = self.backend.describe()
+        if self.group_handles:
+            layout["groups"] = [await handle.info.remote() for handle in self.group_handles]
+        return layout
+
+    async def _call(self, spec: ModelSpec, method: str, payload: Any) -> Any:
+        """Send to the backend with the model's SLO as deadline; count outcomes and SLO attainment."""
+        start = time.monotonic()
+        model = spec.name
+        try:
+            result = await self.backend.call(model, method, payload, start + spec.slo_ms / 1000.0)
+        except RequestError as error:
+            metrics.requests_total().inc(tags={"model": model, "outcome": "rejected" if error.status_code == 503 else "invalid"})
+            raise
+        except Exception:
+            metrics.requests_total().inc(tags={"model": model, "outcome": "failed"})
+            raise
+        latency_ms = (time.monotonic() - start) * 1000.0
+        met = latency_ms <= spec.slo_ms
+        self._answered[model] = self._answered.get(model, 0) + 1
+        self._met[model] = self._met.get(model, 0) + int(met)
+        metrics.requests_total().inc(tags={"model": model, "outcome": "ok"})
+        metrics.request_latency_ms().observe(latency_ms, tags={"model": model})
+        if met:
+            metrics.slo_met_total().inc(tags={"model": model})
+        metrics.slo_attainment().set(self._met[model] / self._answered[model], tags={"model": model})
+        return result
 
     # ---- HTTP ----
 
@@ -134,6 +181,10 @@ class Ingress:
     @app.get("/v1/models")
     def http_models(self) -> dict[str, Any]:
         return self.list_models()
+
+    @app.get("/v1/placement")
+    async def http_placement(self) -> dict[str, Any]:
+        return await self.placement()
 
     @app.get("/healthz")
     def http_health(self) -> dict[str, str]:

@@ -1,0 +1,84 @@
+"""Where the ingress sends a validated request: per-model deployments, or device groups chosen by dispatch.
+
+`ModelDeploymentBackend` is used when the spec has no placement: each model has its own replicated deployment.
+`GroupBackend` is used with a placement: a `GroupDispatcher` picks the group (shortest queue with SLO admission
+by default, AlpaServe §4.3) and a request no group can finish in time is refused with 503 at once.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+from ray.serve.handle import DeploymentHandle
+
+from placement.dispatch import make_dispatch
+from placement.placement_plan import Placement
+from placement.spec import DeploymentSpec
+from rayserve_apps import metrics
+from rayserve_apps.group_dispatch import GroupDispatcher
+from rayserve_apps.requests import RequestError
+
+#: Dispatch policy used when the spec names none.
+DEFAULT_DISPATCH = "shortest_queue"
+
+
+class Backend(Protocol):
+    async def call(self, model: str, method: str, payload: Any, deadline_s: float) -> Any: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+class ModelDeploymentBackend:
+    """One deployment per model: the request goes to its model's deployment (Serve picks the replica)."""
+
+    def __init__(self, handles: dict[str, DeploymentHandle]):
+        self.handles = handles
+
+    async def call(self, model: str, method: str, payload: Any, deadline_s: float) -> Any:
+        return await getattr(self.handles[model], method).remote(payload)
+
+    def describe(self) -> dict[str, Any]:
+        return {"mode": "per_model", "deployments": {model: f"model-{model}" for model in self.handles}}
+
+
+class GroupBackend:
+    """Device groups of a placement: the dispatch policy picks the group, or refuses the request."""
+
+    def __init__(self, spec: DeploymentSpec, handles: list[DeploymentHandle]):
+        assert spec.placement is not None
+        self.spec = spec
+        self.placement = spec.placement
+        self.version = 0
+        self.handles = handles
+        dispatch = spec.policy("dispatch")
+        policy = make_dispatch(dispatch.name, **dispatch.params) if dispatch else make_dispatch(DEFAULT_DISPATCH)
+        self.dispatcher = GroupDispatcher(self.placement, policy)
+
+    def set_placement(self, placement: Placement, version: int) -> None:
+        if len(placement.groups) != len(self.handles):
+            raise ValueError(f"placement has {len(placement.groups)} groups; this application runs {len(self.handles)}")
+        self.placement = placement
+        self.version = version
+        self.dispatcher.set_placement(placement)
+
+    async def call(self, model: str, method: str, payload: Any, deadline_s: float) -> Any:
+        now = time.monotonic()
+        group = self.dispatcher.choose(model, now, deadline_s)
+        if group is None:
+            hosts = self.dispatcher.hosts(model)
+            reason = "no group hosts the model" if not hosts else "no group hosting the model can finish it within its SLO"
+            metrics.rejections_total().inc(tags={"model": model, "reason": "slo_unattainable" if hosts else "not_hosted"})
+            raise RequestError(503, "slo_unattainable", f"model {model!r}: {reason} ({len(hosts)} hosting groups busy)")
+        ahead = self.dispatcher.started(group)
+        latency = None
+        try:
+            result = await getattr(self.handles[group], method).remote(model, payload)
+            latency = time.monotonic() - now
+            return result
+        finally:
+            self.dispatcher.finished(group, model, latency, ahead)
+
+    def describe(self) -> dict[str, Any]:
+        return {"mode": "groups", "version": self.version, "placement": self.placement.model_dump(mode="json"),
+                "deployments": [f"group-{i}" for i in range(len(self.handles))]}

@@ -1,0 +1,223 @@
+"""A group replica: one device group of a placement, running its hosted models on the model-parallel runtime.
+
+Each group of a placement (AlpaServe §4.2) becomes one Serve deployment whose replica reserves the group's
+devices as a placement group: bundle 0 holds the replica itself, bundles 1..n one device each. Every hosted model
+runs as a `parallel.ModelParallelGroup` whose (stage, shard) actors are pinned to those device bundles, so the
+models of a group share its devices and its parallel configuration, and consecutive requests pipeline through
+the stages (AlpaServe §3).
+
+Why a placement group and not Serve's gang scheduling: a gang is a set of *replicas* scheduled together, each
+routed to independently by Serve; a model-parallel group is one serving unit whose stages must see every request
+in order. One replica owning the bundles of its devices, with plain Ray actors for the stages, keeps a request's
+path through the stages inside the group and lets Serve route whole requests to whole groups.
+
+The hosted models are the replica's `user_config`; `reconfigure()` loads new models first, then stops routing
+to the dropped ones, drains their in-flight requests and frees them, all without restarting the replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+from ray import serve
+from ray.util import get_current_placement_group
+
+from models.layers import ActivationState
+from models.text_encoder import TextTokenizer, load_text_tokenizer
+from parallel.group_runtime import ModelParallelGroup
+from parallel.plan import ParallelPlan
+from parallel.stage_layers import ModelSource
+from placement.profiles import ParallelConfig
+from placement.spec import ModelSpec
+from rayserve_apps import metrics
+
+logger = logging.getLogger("ray.serve")
+
+#: Share of a device bundle each stage actor asks for: a group can host up to this many models' actors per device.
+MAX_MODELS_PER_GROUP = 8
+#: Seconds `reconfigure` waits for a dropped model's in-flight requests before freeing it anyway.
+DRAIN_TIMEOUT_S = 60.0
+#: Poll interval while draining.
+DRAIN_POLL_S = 0.05
+
+
+def model_source(spec: ModelSpec) -> ModelSource:
+    """What a stage actor needs to load its share of a served model."""
+    if spec.kind == "vision" and spec.in_chans != 3:
+        timm_kwargs = {**spec.timm_kwargs, "in_chans": spec.in_chans}
+    else:
+        timm_kwargs = dict(spec.timm_kwargs)
+    return ModelSource(
+        name=spec.name, kind=spec.kind, source=spec.source, checkpoint_path=spec.checkpoint_path,
+        num_classes=spec.num_classes or 1000, image_size_px=spec.image_size_px or 224, timm_kwargs=timm_kwargs,
+    )
+
+
+def group_bundles(num_devices: int, device_resource: str, replica_num_cpus: float, num_cpus_per_device: float) -> list[dict[str, float]]:
+    """The placement-group bundles of a group replica: the replica, then one bundle per device."""
+    device_bundle = {device_resource: 1.0}
+    if device_resource != "CPU":
+        device_bundle["CPU"] = num_cpus_per_device
+    else:
+        device_bundle["CPU"] = max(1.0, num_cpus_per_device)
+    return [{"CPU": replica_num_cpus}] + [dict(device_bundle) for _ in range(num_devices)]
+
+
+@dataclass
+class HostedModel:
+    """A model running on this group's devices, with its in-flight count for draining and routing."""
+
+    spec: ModelSpec
+    runtime: ModelParallelGroup
+    tokenizer: TextTokenizer | None
+    in_flight: int = 0
+
+
+@serve.deployment
+class GroupReplica:
+    """Serves the models of one device group; its hosted models come from `user_config`."""
+
+    def __init__(self, group_name: str, num_devices: int, config: dict, device_resource: str):
+        self.group_name = group_name
+        self.config = ParallelConfig.model_validate(config)
+        if self.config.num_devices != num_devices:
+            raise ValueError(f"group {group_name}: config {self.config.key()} does not use {num_devices} devices")
+        self.device_resource = device_resource
+        self.placement_group = get_current_placement_group()
+        self.models: dict[str, HostedModel] = {}
+        self.placement_version = -1
+        self.started_at_s = time.time()
+        self._queue_gauge = metrics.group_queue_length()
+
+    # ---- hosted models ----
+
+    def _start_model(self, spec: ModelSpec) -> HostedModel:
+        tokenizer = load_text_tokenizer(spec.source) if spec.kind == "text" else None
+        source = model_source(spec)
+        num_layers = _num_layers(source)
+        plan = ParallelPlan.even(num_layers, pipeline_stages=self.config.pipeline_stages, intra_op_degree=self.config.intra_op_degree)
+        bundle_indices = None
+        if self.placement_group is not None:
+            # Bundle 0 is the replica's own; stage s shard r runs on the device bundle 1 + s * degree + r.
+            bundle_indices = [1 + k for k in range(plan.num_actors)]
+        runtime = ModelParallelGroup(
+            source, plan, placement_group=self.placement_group, bundle_indices=bundle_indices, num_cpus_per_actor=0.0,
+            actor_resources={self.device_resource: 1.0 / MAX_MODELS_PER_GROUP} if self.device_resource != "CPU" else None,
+        )
+        logger.info("group %s: started %s (%s)", self.group_name, spec.name, self.config.key())
+        return HostedModel(spec=spec, runtime=runtime, tokenizer=tokenizer)
+
+    async def reconfigure(self, user_config: dict[str, Any]) -> None:
+        """Apply a new set of hosted models: load the new, then drain and drop the old (no replica restart)."""
+        specs = [ModelSpec.model_validate(m) for m in user_config.get("models", [])]
+        if len(specs) > MAX_MODELS_PER_GROUP:
+            raise ValueError(f"group {self.group_name}: {len(specs)} models exceed MAX_MODELS_PER_GROUP={MAX_MODELS_PER_GROUP}")
+        wanted = {spec.name: spec for spec in specs}
+        started = {name: await asyncio.to_thread(self._start_model, spec) for name, spec in wanted.items()
+                   if name not in self.models or self.models[name].spec != spec}
+        dropped = [self.models[name] for name in self.models if name not in wanted or name in started]
+        self.models = {**{n: m for n, m in self.models.items() if n in wanted and n not in started}, **started}
+        for hosted in dropped:
+            deadline = time.monotonic() + DRAIN_TIMEOUT_S
+            while hosted.in_flight > 0 and time.monotonic() < deadline:
+                await asyncio.sleep(DRAIN_POLL_S)
+            hosted.runtime.shutdown()
+            logger.info("group %s: dropped %s", self.group_name, hosted.spec.name)
+        self.placement_version = int(user_config.get("placement_version", self.placement_version + 1))
+        metrics.placement_version().set(self.placement_version, tags={"group": self.group_name})
+
+    def _hosted(self, model: str) -> HostedModel:
+        hosted = self.models.get(model)
+        if hosted is None:
+            raise ValueError(f"group {self.group_name} does not host model {model!r}; it hosts {sorted(self.models)}")
+        return hosted
+
+    async def _run(self, hosted: HostedModel, state: ActivationState) -> ActivationState:
+        hosted.in_flight += 1
+        self._queue_gauge.set(self.queue_length(), tags={"group": self.group_name})
+        try:
+            pending = hosted.runtime.submit(state)  # returns at once: requests pipeline through the stages
+            return await asyncio.to_thread(hosted.runtime.result, pending)
+        finally:
+            hosted.in_flight -= 1
+            self._queue_gauge.set(self.queue_length(), tags={"group": self.group_name})
+
+    # ---- requests ----
+
+    async def embed_token_ids(self, model: str, token_ids: list[list[int]]) -> list[list[float]]:
+        hosted = self._hosted(model)
+        if hosted.tokenizer is None:
+            raise ValueError(f"model {model!r} is not a text model")
+        limit = min(hosted.spec.max_input_length_tokens or hosted.tokenizer.max_length, hosted.tokenizer.max_length)
+        hosted.tokenizer.check_token_ids(token_ids, limit)
+        batch = hosted.tokenizer.pad(token_ids)
+        state = ActivationState(hidden=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                extras={"token_type_ids": batch["token_type_ids"]})
+        metrics.batch_size().observe(len(token_ids), tags={"model": model})
+        real = int(batch["attention_mask"].sum())
+        metrics.padding_fraction().observe(1.0 - real / batch["attention_mask"].numel(), tags={"model": model})
+        return (await self._run(hosted, state)).hidden.tolist()
+
+    async def classify(self, model: str, images: np.ndarray) -> list[dict]:
+        hosted = self._hosted(model)
+        if hosted.spec.kind != "vision":
+            raise ValueError(f"model {model!r} is not a vision model")
+        tensor = torch.as_tensor(np.asarray(images, dtype=np.float32))
+        side = hosted.spec.image_size_px or 224
+        expected = (hosted.spec.in_chans, side, side)
+        if tensor.dim() != 4 or tuple(tensor.shape[1:]) != expected:
+            raise ValueError(f"images must have shape [N, {expected[0]}, {expected[1]}, {expected[2]}], got {list(tensor.shape)}")
+        metrics.batch_size().observe(len(tensor), tags={"model": model})
+        probabilities = torch.softmax((await self._run(hosted, ActivationState(hidden=tensor))).hidden, dim=-1)
+        return [{"label": int(p.argmax()), "probabilities": p.tolist()} for p in probabilities]
+
+    # ---- state for routers, tests and people ----
+
+    def queue_length(self) -> int:
+        return sum(hosted.in_flight for hosted in self.models.values())
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        return {"models": sorted(self.models), "queue_length": self.queue_length()}
+
+    def info(self) -> dict[str, Any]:
+        """Where and what this replica is: for `GET /v1/placement`, tests and people."""
+        actor_ids = [[actor._actor_id.hex() for actor in row] for hosted in self.models.values() for row in hosted.runtime.actor_handles()]
+        return {
+            "group": self.group_name, "config": self.config.model_dump(), "models": sorted(self.models),
+            "placement_version": self.placement_version, "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
+            "started_at_s": self.started_at_s, "queue_length": self.queue_length(), "stage_actors": actor_ids,
+        }
+
+    def check_health(self) -> None:
+        for hosted in self.models.values():
+            if not hosted.runtime.actors:
+                raise RuntimeError(f"model {hosted.spec.name} of group {self.group_name} has no running stage actors")
+
+    def __del__(self):
+        for hosted in getattr(self, "models", {}).values():
+            hosted.runtime.shutdown()
+
+
+def _num_layers(source: ModelSource) -> int:
+    """Length of the model's layer view without loading weights: embeddings + blocks + head."""
+    if source.kind == "text":
+        from transformers import AutoConfig
+
+        from models.text_encoder import resolve_text_source
+
+        config = AutoConfig.from_pretrained(resolve_text_source(source.source), local_files_only=True)
+        return config.num_hidden_layers + 2
+    depth = source.timm_kwargs.get("depth")
+    if depth is None:
+        import timm
+
+        depth = len(timm.create_model(source.source.split(":", 1)[1], pretrained=False, num_classes=1, **source.timm_kwargs).blocks)
+    return int(depth) + 2

@@ -1,0 +1,159 @@
+"""Model-parallel group replicas end to end on a local Ray with logical devices.
+
+Two device groups: a 2-stage group hosting MiniLM and a tiny ViT (random weights saved to a local checkpoint,
+a code-path stand-in), and a 1-device group hosting a strict-SLO copy of the ViT. The app is deployed as
+`serve deploy` does it (declarative config). Requests are routed by model, outputs equal the single-process
+models, a request that cannot meet its SLO gets 503, hosted models change through reconfigure() without a
+replica restart, and the custom metrics reach Ray's Prometheus endpoint.
+"""
+
+import time
+
+import numpy as np
+import pytest
+import requests
+import torch
+import torch.nn.functional as F
+from ray import serve
+
+from conftest import TEST_DEVICE_RESOURCE, free_port
+from models import load_text_encoder, load_vit
+from placement.spec import parse_spec
+from rayserve_apps.live_update import apply_config, application_config, placement_overrides
+
+pytestmark = pytest.mark.ray
+
+TINY_VIT = dict(patch_size=4, depth=2, embed_dim=32, num_heads=2)
+VIT = dict(kind="vision", source="timm:vit_tiny_patch16_224", num_classes=4, image_size_px=16, timm_kwargs=TINY_VIT,
+           num_cpus_per_replica=0.25)
+TEXTS = ["model-parallel groups share devices", "a short one"]
+#: Seconds to wait for metrics to reach the Prometheus endpoint (the agent exports every few seconds).
+METRICS_WAIT_S = 60
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    import ray
+
+    if ray.is_initialized():
+        serve.shutdown()
+        ray.shutdown()
+    metrics_port = free_port()
+    ray.init(num_cpus=8, resources={TEST_DEVICE_RESOURCE: 3}, include_dashboard=False, log_to_driver=False,
+             _metrics_export_port=metrics_port)
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    vit = load_vit("timm:vit_tiny_patch16_224", allow_random_init=True, num_classes=4, image_size_px=16, **TINY_VIT)
+    checkpoint = tmp_path_factory.mktemp("vit") / "vit.pt"
+    torch.save(vit.model.state_dict(), checkpoint)
+    try:
+        yield {"url": f"http://127.0.0.1:{port}", "http_options": {"host": "127.0.0.1", "port": port}, "metrics_url": f"http://127.0.0.1:{metrics_port}/metrics",
+               "vit": vit, "checkpoint": str(checkpoint)}
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def make_spec(checkpoint: str, groups: list[list[str]]):
+    configs = [{"intra_op_degree": 1, "pipeline_stages": 2}, {"intra_op_degree": 1, "pipeline_stages": 1}]
+    spec = {
+        "cluster": {"num_devices": 3, "device_resource": TEST_DEVICE_RESOURCE},
+        "models": [
+            {"name": "minilm", "kind": "text", "source": "package:all-minilm-l6-v2", "num_cpus_per_replica": 0.25},
+            {"name": "vit", "checkpoint_path": checkpoint, **VIT},
+            {"name": "vit-strict", "checkpoint_path": checkpoint, "slo_ms": 0.01, **VIT},
+        ],
+        "placement": {"groups": [
+            {"num_devices": config["pipeline_stages"], "config": config, "models": models}
+            for config, models in zip(configs, groups)
+        ]},
+    }
+    return parse_spec(spec)
+
+
+@pytest.fixture(scope="module")
+def app(cluster):
+    spec = make_spec(cluster["checkpoint"], [["minilm", "vit"], ["vit-strict"]])
+    apply_config([application_config(spec)], cluster["http_options"])
+    return {**cluster, "handle": serve.get_app_handle("plexserve"), "spec": spec}
+
+
+def images() -> np.ndarray:
+    return np.random.default_rng(1).normal(size=(3, 3, 16, 16)).astype(np.float32)
+
+
+def test_placement_is_live_and_groups_are_pinned(app):
+    layout = requests.get(f"{app['url']}/v1/placement", timeout=60).json()
+    assert layout["mode"] == "groups"
+    groups = {g["group"]: g for g in layout["groups"]}
+    assert groups["group-0"]["models"] == ["minilm", "vit"]
+    assert groups["group-0"]["config"] == {"intra_op_degree": 1, "pipeline_stages": 2}
+    assert len(groups["group-0"]["stage_actors"]) == 4  # 2 models x 2 stages x 1 shard
+    assert groups["group-1"]["models"] == ["vit-strict"]
+    assert layout["version"] == 0
+
+
+def test_text_through_two_stage_group_equals_single_process(app):
+    direct = load_text_encoder()
+    for _ in range(2):
+        response = requests.post(f"{app['url']}/v1/models/minilm/embed", json={"texts": TEXTS}, timeout=60)
+        assert response.status_code == 200, response.text
+        served = torch.tensor(response.json()["embeddings"])
+        for text, embedding in zip(TEXTS, served):
+            assert F.cosine_similarity(embedding, direct.embed([text])[0], dim=0) >= 0.9999
+
+
+def test_vision_routed_to_its_group_and_exact(app):
+    batch = images()
+    body = app["handle"].classify.remote("vit", batch.tolist()).result(timeout_s=60)
+    expected = torch.softmax(app["vit"].logits(torch.from_numpy(batch)), dim=-1)
+    assert np.allclose([p["probabilities"] for p in body["predictions"]], expected.numpy(), atol=1e-5)
+
+
+def test_request_that_cannot_meet_its_slo_gets_503(app):
+    url = f"{app['url']}/v1/models/vit-strict/classify"
+    first = requests.post(url, json={"images": images().tolist()}, timeout=60)
+    assert first.status_code == 200  # no latency estimate yet: admitted
+    second = requests.post(url, json={"images": images().tolist()}, timeout=60)
+    assert second.status_code == 503
+    assert second.json()["error"]["type"] == "slo_unattainable"
+    ok = requests.post(f"{app['url']}/v1/models/vit/classify", json={"images": images().tolist()}, timeout=60)
+    assert ok.status_code == 200
+
+
+def test_hosted_model_change_reconfigures_without_restart(app):
+    before = {g["group"]: g for g in requests.get(f"{app['url']}/v1/placement", timeout=60).json()["groups"]}
+    new_placement = make_spec(app["checkpoint"], [["minilm", "vit"], ["vit", "vit-strict"]]).placement
+    overrides = placement_overrides(app["spec"], new_placement, version=1)
+    apply_config([application_config(app["spec"], deployments=overrides)], app["http_options"])
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        layout = requests.get(f"{app['url']}/v1/placement", timeout=60).json()
+        after = {g["group"]: g for g in layout["groups"]}
+        if after["group-1"]["models"] == ["vit", "vit-strict"] and layout["version"] == 1:
+            break
+        time.sleep(1)
+    assert after["group-1"]["models"] == ["vit", "vit-strict"] and layout["version"] == 1
+    assert after["group-0"]["models"] == ["minilm", "vit"]
+    for name in ("group-0", "group-1"):  # same processes: reconfigured in place, not restarted
+        assert after[name]["pid"] == before[name]["pid"]
+        assert after[name]["started_at_s"] == before[name]["started_at_s"]
+    assert after["group-1"]["placement_version"] == 1
+    for _ in range(4):  # the ViT now has two hosting groups; every request is answered
+        response = requests.post(f"{app['url']}/v1/models/vit/classify", json={"images": images().tolist()}, timeout=60)
+        assert response.status_code == 200
+
+
+def test_custom_metrics_reach_prometheus(app):
+    wanted = ["ray_plexserve_requests_total", "ray_plexserve_rejections_total", "ray_plexserve_slo_attainment",
+              "ray_plexserve_batch_size", "ray_plexserve_group_queue_length"]
+    deadline = time.monotonic() + METRICS_WAIT_S
+    text = ""
+    while time.monotonic() < deadline:
+        text = requests.get(app["metrics_url"], timeout=30).text
+        if all(name in text for name in wanted):
+            break
+        time.sleep(2)
+    missing = [name for name in wanted if name not in text]
+    assert not missing, f"metrics missing from the Prometheus endpoint: {missing}"
+    assert 'reason="slo_unattainable"' in text
