@@ -57,7 +57,7 @@ SLO_IN_BATCH_LATENCIES = 2.0
 #: Length of the replayed trace, in full-batch latencies (many deadlines long).
 TRACE_IN_BATCH_LATENCIES = 40.0
 #: Arrival rates of the utility replay, as multiples of the measured concat capacity.
-RATE_MULTIPLES = (0.5, 0.8, 1.0, 1.25, 1.5, 2.0)
+RATE_MULTIPLES = (0.5, 0.8, 1.0, 1.25, 1.5, 2.0, 3.0)
 
 
 @dataclass
@@ -188,8 +188,10 @@ def poisson_trace(rate_per_s: float, duration_s: float, slo_s: float, variance: 
         index += 1
 
 
-def utility_curves(latency: LatencyModel, capacity_per_s: float, variance: float, granularity_tokens: int) -> dict:
+def utility_curves(latency: LatencyModel, variance: float, granularity_tokens: int) -> dict:
+    """Utility per second of each scheduler at arrival rates around the capacity the latency model gives."""
     full_batch_s = latency.seconds_per_token[ROW_LENGTH_TOKENS] * NUM_ROWS * ROW_LENGTH_TOKENS
+    capacity_per_s = 1.0 / (latency.seconds_per_token[ROW_LENGTH_TOKENS] * MEAN_TOKENS)
     duration_s = TRACE_IN_BATCH_LATENCIES * full_batch_s
     slo_s = SLO_IN_BATCH_LATENCIES * full_batch_s
     params = {"row_length_tokens": ROW_LENGTH_TOKENS, "num_rows": NUM_ROWS, "start_allowance_ms": 1000 * full_batch_s,
@@ -366,7 +368,7 @@ def main() -> None:
 
     latency = measure_latency_model(encoder, repeats, granularity)
     main_timings = throughputs[VARIANCES[0]]
-    utility = utility_curves(latency, main_timings["concat"].requests_per_s, VARIANCES[0], granularity)
+    utility = utility_curves(latency, VARIANCES[0], granularity)
     past_saturation = [i for i, m in enumerate(RATE_MULTIPLES) if m > 1.0]
     das_wins = all(utility["utility_per_s"]["das"][i] > max(utility["utility_per_s"][n][i] for n in ("fcfs", "sjf", "edf"))
                    for i in past_saturation)
