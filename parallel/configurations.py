@@ -1,0 +1,169 @@
+"""Configurations: for a device group, every (intra-op degree, pipeline stages) split, planned by both passes.
+
+AlpaServe §4.1: "enumerate different inter- and intra-op device partition setups and generate a list of parallel
+strategies for the placement algorithm". For a group of n devices this module tries every intra-op degree d
+dividing n with n / d pipeline stages; the inter-op DP (`parallel.inter_op`) cuts the layer view into stages,
+pricing each candidate stage by the intra-op ILP (`parallel.intra_op`) on d devices under the per-device memory
+budget. The plan is chosen at one reference batch size (the runtime runs one plan); its stage latencies are then
+evaluated for every profiled batch size. The result is a `placement.profiles.ProfileSet` with source
+'measured', exactly what `placement/` reads, plus the `ParallelPlan` the runtime executes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from placement.profiles import ConfigProfile, ModelProfile, ParallelConfig, ProfileSet, StageProfile
+from parallel.comm_model import CommModel
+from parallel.inter_op import StagePartition, slice_stages
+from parallel.intra_op import BlockCost, IntraOpSolution, StageCost, evaluate, solve_intra_op, stage_problem
+from parallel.plan import ParallelPlan, StagePlan
+from parallel.profiler import LayerProfileSet, ModelLayerProfile, shape_key
+
+logger = logging.getLogger(__name__)
+
+
+def enumerate_configs(group_size: int) -> list[ParallelConfig]:
+    """Every (intra-op degree d, pipeline stages n / d) with d dividing the group size n."""
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    return [ParallelConfig(intra_op_degree=d, pipeline_stages=group_size // d)
+            for d in range(1, group_size + 1) if group_size % d == 0]
+
+
+def block_prefix(index: int) -> str:
+    return f"layer{index}."
+
+
+@dataclass
+class PlannedConfig:
+    """One configuration of one model: the plan the runtime runs and its predicted stage latencies."""
+
+    config: ParallelConfig
+    plan: ParallelPlan
+    stage_latency_s: dict[int, list[float]]  # batch size -> latency of each stage
+    stage_weight_bytes: list[int]  # per device of each stage
+
+    def to_profile(self) -> ConfigProfile:
+        stages = [StageProfile(latency_s={b: lat[s] for b, lat in self.stage_latency_s.items()},
+                               weight_bytes_per_device=self.stage_weight_bytes[s]) for s in range(len(self.plan.stages))]
+        return ConfigProfile(config=self.config, stages=stages)
+
+
+class ModelPlanner:
+    """Runs both passes on one model's layer profile for one sequence length."""
+
+    def __init__(self, profile: ModelLayerProfile, comm: CommModel, seq_len_tokens: int | None = None,
+                 memory_budget_bytes: float = math.inf):
+        self.profile = profile
+        self.comm = comm
+        self.memory_budget_bytes = memory_budget_bytes
+        if profile.tokens_per_sequence is not None:
+            seq_len_tokens = profile.tokens_per_sequence
+        if seq_len_tokens is None:
+            seq_len_tokens = profile.shapes()[0][1]  # the shortest profiled length
+        self.seq_len_tokens = seq_len_tokens
+        self._solved: dict[tuple[int, int, int, int], IntraOpSolution | None] = {}
+        self.batch_sizes = sorted(b for b, s in profile.shapes() if s == seq_len_tokens)
+        if not self.batch_sizes:
+            raise ValueError(f"model {profile.name!r} has no measurement at {seq_len_tokens} tokens; "
+                             f"profiled shapes: {profile.shapes()}")
+
+    def _key(self, batch_size: int) -> str:
+        return shape_key(batch_size, self.seq_len_tokens)
+
+    def receive_s(self, layer_index: int, batch_size: int) -> float:
+        """Cost of handing a stage starting at `layer_index` its input (from the caller or the previous stage)."""
+        key = self._key(batch_size)
+        num_bytes = self.profile.input_bytes[key] if layer_index == 0 else self.profile.layers[layer_index - 1].output_bytes[key]
+        return self.comm.send_s(num_bytes)
+
+    def stage_cost(self, start: int, end: int, batch_size: int) -> StageCost:
+        key = self._key(batch_size)
+        stage = StageCost()
+        for layer in self.profile.layers[start:end]:
+            if layer.kind == "block" and layer.block_shape is not None:
+                stage.blocks.append(BlockCost(prefix=block_prefix(layer.index), shape=layer.block_shape,
+                                              latency_s=layer.latency_s[key], other_weight_bytes=layer.other_weight_bytes,
+                                              batch_size=batch_size, tokens_per_sequence=self.seq_len_tokens))
+            else:
+                stage.other_latency_s += layer.latency_s[key]
+                stage.other_weight_bytes += layer.weight_bytes
+        return stage
+
+    def solve_stage(self, start: int, end: int, degree: int, batch_size: int) -> IntraOpSolution | None:
+        """The intra-op optimum of layers [start, end) on `degree` devices (cached: configurations share stages)."""
+        key = (start, end, degree, batch_size)
+        if key not in self._solved:
+            problem = stage_problem(self.stage_cost(start, end, batch_size), degree, self.comm, self.memory_budget_bytes)
+            self._solved[key] = solve_intra_op(problem)
+        return self._solved[key]
+
+    def plan(self, config: ParallelConfig, reference_batch_size: int | None = None) -> PlannedConfig | None:
+        """Both passes for one configuration; None when it does not fit the memory budget."""
+        num_layers = len(self.profile.layers)
+        if config.pipeline_stages > num_layers:
+            return None
+        reference = reference_batch_size or self.batch_sizes[0]
+        solutions: dict[tuple[int, int], IntraOpSolution | None] = {}
+
+        def latency(i: int, k: int) -> float:
+            solution = self.solve_stage(i, k, config.intra_op_degree, reference)
+            solutions[(i, k)] = solution
+            return math.inf if solution is None else solution.latency_s + self.receive_s(i, reference)
+
+        partition: StagePartition | None = slice_stages(num_layers, config.pipeline_stages, latency)
+        if partition is None:
+            return None
+        stages, weight_bytes = [], []
+        for i, k in partition.bounds:
+            solution = solutions[(i, k)]
+            shardings = {}
+            for layer in self.profile.layers[i:k]:
+                if layer.kind == "block" and config.intra_op_degree > 1:
+                    shardings[layer.index] = solution.block_plan(block_prefix(layer.index)).as_dict()
+            stages.append(StagePlan(start_layer=i, end_layer=k, block_shardings=shardings))
+            weight_bytes.append(int(math.ceil(solution.memory_bytes)))
+        plan = ParallelPlan(intra_op_degree=config.intra_op_degree, stages=stages)
+        latencies = {b: [self.predict_stage_s(i, k, config.intra_op_degree, b, solutions[(i, k)].choices)
+                         for i, k in partition.bounds] for b in self.batch_sizes}
+        return PlannedConfig(config=config, plan=plan, stage_latency_s=latencies, stage_weight_bytes=weight_bytes)
+
+    def predict_stage_s(self, start: int, end: int, degree: int, batch_size: int, choices: dict[str, str]) -> float:
+        """A stage's latency at `batch_size` under fixed shardings: receive + replicated layers + sharded blocks."""
+        problem = stage_problem(self.stage_cost(start, end, batch_size), degree, self.comm, math.inf)
+        return self.receive_s(start, batch_size) + evaluate(problem, choices).latency_s
+
+
+def model_configurations(profile: ModelLayerProfile, comm: CommModel, group_sizes: Sequence[int],
+                         seq_len_tokens: int | None = None, memory_budget_bytes: float = math.inf) -> list[PlannedConfig]:
+    planner = ModelPlanner(profile, comm, seq_len_tokens, memory_budget_bytes)
+    planned = []
+    for size in group_sizes:
+        for config in enumerate_configs(size):
+            result = planner.plan(config)
+            if result is None:
+                logger.info("%s: %s does not fit %.0f bytes per device", profile.name, config.key(), memory_budget_bytes)
+                continue
+            logger.info("%s %s: stages %s, stage latency at batch %d %s ms", profile.name, config.key(),
+                        [(s.start_layer, s.end_layer) for s in result.plan.stages], planner.batch_sizes[0],
+                        [round(1e3 * x, 3) for x in result.stage_latency_s[planner.batch_sizes[0]]])
+            planned.append(result)
+    return planned
+
+
+def emit_profile_set(layer_profiles: LayerProfileSet, group_sizes: Sequence[int], seq_len_tokens: dict[str, int] | None = None,
+                     memory_budget_bytes: float = math.inf) -> ProfileSet:
+    """The `placement.profiles.ProfileSet` (source 'measured') of every model and configuration that fits."""
+    if layer_profiles.comm is None:
+        raise ValueError("the layer profile has no communication model: run the profiler with comm profiling first")
+    seq_len_tokens = seq_len_tokens or {}
+    models = {}
+    for name, profile in layer_profiles.models.items():
+        planned = model_configurations(profile, layer_profiles.comm, group_sizes, seq_len_tokens.get(name), memory_budget_bytes)
+        if planned:
+            models[name] = ModelProfile(name=name, configs=[p.to_profile() for p in planned])
+    return ProfileSet(source="measured", device=layer_profiles.device, models=models)

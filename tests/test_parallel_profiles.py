@@ -1,0 +1,162 @@
+"""Profiler, configurations and the emitted ProfileSet: plans run exactly, budgets bind, placement/ reads them."""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import pytest
+import torch
+
+from models.layers import parameter_bytes, run_layers
+from parallel.comm_model import AlphaBeta, CommModel
+from parallel.configurations import emit_profile_set, enumerate_configs, model_configurations
+from parallel.plan import ParallelPlan
+from parallel.profiler import LayerProfileSet, profile_layers, shape_key
+from parallel.stage_layers import build_stage_layers, example_input, load_model, standalone_layers
+from parallel.tensor_parallel import ThreadCollectives
+from parallel.tiny_models import make_tiny_bert, make_tiny_vit
+from placement.profiles import ParallelConfig, ProfileSet
+
+MAX_ABS_DIFF = 1e-5
+SEQ_LEN_TOKENS = 8
+BATCH_SIZES = (1, 2)
+DEGREE = 2
+#: Synthetic stand-in communication costs (the real ones come from `profile_comm` on Ray actors).
+FREE = AlphaBeta(alpha_s=0.0, beta_s_per_byte=0.0)
+COSTLY = AlphaBeta(alpha_s=1.0, beta_s_per_byte=0.0)
+STAND_IN_FREE_COMM = CommModel(send=AlphaBeta(alpha_s=1e-4, beta_s_per_byte=1e-10), all_reduce={DEGREE: FREE}, all_gather={DEGREE: FREE})
+STAND_IN_COSTLY_COMM = CommModel(send=AlphaBeta(alpha_s=1e-4, beta_s_per_byte=1e-10), all_reduce={DEGREE: COSTLY}, all_gather={DEGREE: COSTLY})
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    torch.set_num_threads(1)
+    bert_source = make_tiny_bert(tmp_path_factory.mktemp("bert"))
+    vit_source = make_tiny_vit(tmp_path_factory.mktemp("vit"))
+    bert, vit = load_model(bert_source), load_model(vit_source)
+    profiles = {
+        "tiny-bert": profile_layers(bert_source, BATCH_SIZES, [SEQ_LEN_TOKENS], warmup=0, repeats=1, model=bert),
+        "tiny-vit": profile_layers(vit_source, BATCH_SIZES, warmup=0, repeats=1, model=vit),
+    }
+    return {"tiny-bert": bert, "tiny-vit": vit}, profiles
+
+
+def test_layer_profile_covers_every_layer_and_shape(models):
+    loaded, profiles = models
+    for name, profile in profiles.items():
+        layers = standalone_layers(loaded[name])
+        assert [m.kind for m in profile.layers] == [layer.kind for layer in layers]
+        assert sum(m.weight_bytes for m in profile.layers) == sum(parameter_bytes(layer) for layer in layers)
+        tokens = SEQ_LEN_TOKENS if name == "tiny-bert" else profile.tokens_per_sequence
+        for batch in BATCH_SIZES:
+            key = shape_key(batch, tokens)
+            assert all(m.latency_s[key] > 0 for m in profile.layers)
+            hidden = profile.layers[1].block_shape.hidden_size
+            assert profile.layers[1].output_bytes[key] >= batch * tokens * hidden * 4
+        assert all((m.block_shape is not None) == (m.kind == "block") for m in profile.layers)
+    assert profiles["tiny-vit"].tokens_per_sequence == (32 // 16) ** 2 + 1
+    assert sum(m.weight_bytes for m in profiles["tiny-vit"].layers) == loaded["tiny-vit"].weight_bytes()
+
+
+def test_repeated_runs_merge_by_sample_weighted_mean(models, tmp_path):
+    _, profiles = models
+    first = profiles["tiny-bert"]
+    key = shape_key(1, SEQ_LEN_TOKENS)
+    second = first.model_copy(deep=True)
+    second.layers[0].latency_s[key] = first.layers[0].latency_s[key] * 3
+    second.layers[0].samples[key] = 2
+    path = tmp_path / "layers.json"
+    LayerProfileSet(device="cpu", models={"tiny-bert": first}, comm=STAND_IN_FREE_COMM).save_merged(path)
+    merged = LayerProfileSet(device="cpu", models={"tiny-bert": second}).save_merged(path)
+    merged = LayerProfileSet.load(path)
+    assert merged.models["tiny-bert"].layers[0].samples[key] == 3
+    assert merged.models["tiny-bert"].layers[0].latency_s[key] == pytest.approx(first.layers[0].latency_s[key] * 7 / 3)
+    assert merged.comm == STAND_IN_FREE_COMM
+
+
+def test_enumerate_configs():
+    assert [(c.intra_op_degree, c.pipeline_stages) for c in enumerate_configs(4)] == [(1, 4), (2, 2), (4, 1)]
+    with pytest.raises(ValueError, match="group_size"):
+        enumerate_configs(0)
+
+
+def _run_plan(model, plan: ParallelPlan, state):
+    """Run a plan in one process: stage after stage, each stage's shards on threads."""
+    for stage in plan.stages:
+        group = ThreadCollectives.group(plan.intra_op_degree)
+        outputs: list = [None] * plan.intra_op_degree
+
+        def shard(rank: int, stage=stage, group=group, outputs=outputs, state=state) -> None:
+            with torch.inference_mode():
+                sliced = build_stage_layers(model, stage.start_layer, stage.end_layer, group[rank], stage.block_plans())
+                outputs[rank] = run_layers(sliced.layers, state)
+
+        threads = [threading.Thread(target=shard, args=(rank,)) for rank in range(plan.intra_op_degree)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        state = outputs[0]
+    return state.hidden
+
+
+@pytest.mark.parametrize("comm", [STAND_IN_FREE_COMM, STAND_IN_COSTLY_COMM], ids=["free-comm", "costly-comm"])
+def test_every_planned_configuration_runs_exactly(models, comm):
+    loaded, profiles = models
+    for name, model in loaded.items():
+        planned = model_configurations(profiles[name], comm, group_sizes=[1, 2], seq_len_tokens=SEQ_LEN_TOKENS)
+        assert [p.config.key() for p in planned] == ["op1-pp1", "op1-pp2", "op2-pp1"]
+        state = example_input(model, 2, SEQ_LEN_TOKENS)
+        with torch.inference_mode():
+            expected = run_layers(model.layers(), state).hidden
+        for p in planned:
+            sharded = [s for stage in p.plan.stages for b in stage.block_shardings.values() for s in b.values() if s != "replicated"]
+            if p.config.intra_op_degree == DEGREE:
+                # Free collectives: the ILP splits every linear; costly ones: it keeps everything whole.
+                assert bool(sharded) == (comm is STAND_IN_FREE_COMM)
+            assert (_run_plan(model, p.plan, state) - expected).abs().max().item() <= MAX_ABS_DIFF
+            assert set(p.stage_latency_s) == set(BATCH_SIZES)
+
+
+def test_memory_budget_drops_configs_that_do_not_fit(models):
+    _, profiles = models
+    whole = sum(m.weight_bytes for m in profiles["tiny-vit"].layers)
+    budget = 0.75 * whole
+    planned = {p.config.key(): p for p in model_configurations(profiles["tiny-vit"], STAND_IN_COSTLY_COMM, [1, 2],
+                                                               memory_budget_bytes=budget)}
+    assert "op1-pp1" not in planned
+    assert "op1-pp2" in planned and "op2-pp1" in planned
+    for p in planned.values():
+        assert max(p.stage_weight_bytes) <= budget
+    # Under the tight budget the single stage on 2 devices must shard although collectives are costly.
+    op2 = planned["op2-pp1"].plan.stages[0]
+    assert any(s != "replicated" for b in op2.block_shardings.values() for s in b.values())
+    assert sum(planned["op1-pp2"].stage_weight_bytes) == whole
+
+
+def test_emitted_profile_set_round_trips_and_plans_a_small_cluster(models, tmp_path):
+    from placement.planner import PlannerConfig, plan
+    from placement.workload import gamma_workload
+
+    _, profiles = models
+    layer_set = LayerProfileSet(device="cpu: 1 thread per actor", models=profiles, comm=STAND_IN_COSTLY_COMM)
+    emitted = emit_profile_set(layer_set, group_sizes=[1, 2], seq_len_tokens={"tiny-bert": SEQ_LEN_TOKENS})
+    assert emitted.source == "measured"
+    path = tmp_path / "measured.json"
+    emitted.save(path)
+    loaded = ProfileSet.load(path)
+    assert loaded == emitted
+    for name in profiles:
+        assert loaded.models[name].has(ParallelConfig(intra_op_degree=1, pipeline_stages=2))
+        assert loaded.models[name].single_device_latency(1) > 0
+    names = sorted(profiles)
+    slo_s = 10 * max(loaded.models[n].single_device_latency(1) for n in names)
+    rate = 0.5 / max(loaded.models[n].single_device_latency(1) for n in names)
+    workload = gamma_workload(names, total_rate=rate, cv=1.0, slo_s=slo_s, duration_s=20 * slo_s, seed=0)
+    memory = int(1.1 * sum(loaded.models[n].get(ParallelConfig()).weight_bytes_per_device() for n in names))
+    placement = plan(names, loaded, workload, num_devices=2, device_memory_bytes=memory,
+                     config=PlannerConfig(group_sizes=(1, 2), max_group_devices=2))
+    hosted = {m for group in placement.groups for m in group.models}
+    assert hosted == set(names)
+    assert 0.0 <= placement.predicted_slo_attainment <= 1.0
