@@ -95,19 +95,32 @@ class RuntimeProfile(BaseModel):
         return full_batches * self.max_batch_size
 
     def mean_latency_s(self, load_requests):
-        """Arlo's L_i(B): mean latency of a request when one instance receives B requests in an SLO period.
+        """Arlo's L_i(B): mean latency of a request when one instance receives B requests per SLO period.
 
-        The instance runs them in batches of `max_batch_size` back to back, so the k-th of B/b batches finishes
-        after k batch latencies and the mean is (1 + B/b)/2 batch latencies; below one full batch the single
-        batch's own latency. Non-decreasing in B, which the exact allocation relies on. Accepts arrays.
+        Arlo profiles L_i as batch size -> latency; to also price queueing (an instance near its capacity M_i makes
+        every request wait), plexserve reads B as an arrival rate of B / SLO and adds the M/D/1 mean wait of full
+        batches: wait = T_b * rho / (2 (1 - rho)), rho = B / (SLO * b / T_b), continued linearly beyond
+        rho = RHO_CAP so that overloaded instances stay finite but steeply priced. Non-decreasing in B, which
+        the exact allocation relies on. Accepts arrays.
         """
         load = np.asarray(load_requests, dtype=float)
-        batch = float(self.max_batch_size)
-        small = np.interp(np.clip(load, 1.0, batch), sorted(self.batch_latency_s),
-                          np.maximum.accumulate([self.batch_latency_s[s] for s in sorted(self.batch_latency_s)]))
-        full = self.batch_latency_s[self.max_batch_size] * (1.0 + np.maximum(load, batch) / batch) / 2.0
-        result = np.where(load <= batch, small, full)
+        result = queueing_latency_s(load, self.batch_latency(1), self.batch_latency_s[self.max_batch_size],
+                                    self.max_batch_size, self.slo_s)
         return float(result) if result.ndim == 0 else result
+
+
+#: Utilisation beyond which the M/D/1 wait is continued linearly (it diverges at 1).
+RHO_CAP = 0.95
+
+
+def queueing_latency_s(load, single_s: float, batch_s: float, batch_size: int, slo_s: float):
+    """Mean latency at `load` requests per SLO period: one request's own latency plus the M/D/1 wait (see above)."""
+    rho = np.asarray(load, dtype=float) * batch_s / (slo_s * batch_size)
+    capped = np.minimum(rho, RHO_CAP)
+    wait = capped / (2.0 * (1.0 - capped))
+    slope = 1.0 / (2.0 * (1.0 - RHO_CAP) ** 2)
+    wait = wait + np.maximum(rho - RHO_CAP, 0.0) * slope
+    return single_s + batch_s * wait
 
 
 class RuntimeProfileSet(BaseModel):

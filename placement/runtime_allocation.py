@@ -33,7 +33,7 @@ from typing import Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from placement.arlo_runtimes import RuntimeProfileSet
+from placement.arlo_runtimes import RHO_CAP, RuntimeProfileSet
 
 logger = logging.getLogger(__name__)
 
@@ -144,20 +144,18 @@ def _pareto(devices: np.ndarray, overflow: np.ndarray, cost: np.ndarray) -> np.n
 
 
 class _LatencyCurve:
-    """L_i(B) of one runtime as a fast array function (same values as RuntimeProfile.mean_latency_s)."""
+    """L_i(B) of one runtime as a fast array function (the same formula as RuntimeProfile.mean_latency_s)."""
 
     def __init__(self, runtime) -> None:
-        self.sizes = np.array(sorted(runtime.batch_latency_s), dtype=float)
-        self.values = np.maximum.accumulate([runtime.batch_latency_s[int(s)] for s in self.sizes])
-        self.batch = float(runtime.max_batch_size)
-        self.full = runtime.batch_latency_s[runtime.max_batch_size]
+        self.single = runtime.batch_latency(1)
+        self.batch_s = runtime.batch_latency_s[runtime.max_batch_size]
+        self.rho_per_load = self.batch_s / (runtime.slo_s * runtime.max_batch_size)
+        self.slope = 1.0 / (2.0 * (1.0 - RHO_CAP) ** 2)
 
     def __call__(self, load: np.ndarray) -> np.ndarray:
-        full = self.full * (1.0 + np.maximum(load, self.batch) / self.batch) * 0.5
-        if self.batch == 1.0:
-            return full
-        small = np.interp(np.clip(load, 1.0, self.batch), self.sizes, self.values)
-        return np.where(load <= self.batch, small, full)
+        rho = load * self.rho_per_load
+        capped = np.minimum(rho, RHO_CAP)
+        return self.single + self.batch_s * (capped / (2.0 * (1.0 - capped)) + np.maximum(rho - RHO_CAP, 0.0) * self.slope)
 
 
 def solve_allocation(profiles: RuntimeProfileSet, requests_per_slo: Sequence[float],

@@ -68,8 +68,11 @@ def test_runtime_lengths_follow_an_irregular_staircase_and_cap():
 def test_capacity_and_mean_latency_follow_the_profile():
     runtime = RuntimeProfile(max_length_tokens=64, batch_latency_s={1: 0.01, 4: 0.02}, max_batch_size=4, slo_s=0.1)
     assert runtime.capacity_requests == 20  # 5 batches of 4 within 100 ms
-    assert runtime.mean_latency_s(1) == pytest.approx(0.01)
-    assert runtime.mean_latency_s(4) == pytest.approx(0.02)
-    assert runtime.mean_latency_s(12) == pytest.approx(0.02 * (1 + 3) / 2)
+    assert runtime.mean_latency_s(0) == pytest.approx(0.01)  # idle: one request's own latency
+    rho = 10 * 0.02 / (0.1 * 4)  # 10 requests per SLO period on a 20-request capacity
+    assert runtime.mean_latency_s(10) == pytest.approx(0.01 + 0.02 * rho / (2 * (1 - rho)))
+    loads = [0, 5, 10, 18, 19, 25, 100]
+    values = [runtime.mean_latency_s(x) for x in loads]
+    assert values == sorted(values) and values[-1] > 10 * values[2]  # overload is priced steeply, never infinite
     with pytest.raises(ValueError, match="max_batch_size"):
         RuntimeProfile(max_length_tokens=64, batch_latency_s={1: 0.01}, max_batch_size=4, slo_s=0.1)
