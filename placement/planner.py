@@ -35,6 +35,8 @@ DEFAULT_MAX_BUCKETS = 3
 DEFAULT_DEVICE_BUCKET_DISCREPANCY = 2.0
 #: ... and of those, at most this many splits, closest to proportional first.
 DEFAULT_MAX_DEVICE_SPLITS = 3
+#: replicas_per_round = 0: place about (replicas that fit in memory) / this many replicas per simulation.
+AUTO_ROUNDS = 8
 #: Largest device group considered (AlpaServe §6 uses up to 32 GPUs per group for 104B models).
 DEFAULT_MAX_GROUP_DEVICES = 16
 
@@ -45,8 +47,9 @@ class PlannerConfig:
 
     beam_size: int = 1  # AlpaServe Alg. 1: k (beam size)
     fast: bool = True  # the fast variant of Alg. 1: simulate once per placed replica (§4.2)
-    replicas_per_round: int = 1  # fast variant: replicas placed per simulation (1 = the paper; 0 = groups / 4)
+    replicas_per_round: int = 1  # fast variant: replicas placed per simulation (1 = the paper; 0 = auto, see below)
     patience: int | None = None  # fast variant: stop after this many rounds without a better attainment
+    fast_rank: str = "unserved"  # fast variant: 'unserved' (the paper) or 'unserved_per_byte' (knapsack-like)
     allow_model_parallelism: bool = True  # False: Selective Replication (single-device groups only)
     max_group_devices: int = DEFAULT_MAX_GROUP_DEVICES
     group_sizes: tuple[int, ...] | None = None  # None: powers of two up to max_group_devices
@@ -63,6 +66,8 @@ class PlannerConfig:
     def __post_init__(self) -> None:
         if self.beam_size < 1:
             raise ValueError(f"beam_size={self.beam_size}: must be >= 1")
+        if self.fast_rank not in ("unserved", "unserved_per_byte"):
+            raise ValueError(f"fast_rank={self.fast_rank!r}: choose 'unserved' or 'unserved_per_byte'")
         if self.max_group_devices < 1:
             raise ValueError(f"max_group_devices={self.max_group_devices}: must be >= 1")
 
@@ -189,9 +194,14 @@ def _fast_greedy(problem: _Problem, models: Sequence[str], sel: _Selection, work
     total = np.bincount(workload.model, minlength=len(workload.model_names))
     span = max(workload.duration_s, 1e-9)
     devices = np.array([n for n, _ in sel.groups], dtype=float)
-    per_round = problem.config.replicas_per_round or max(1, len(sel.groups) // 4)
+    per_round = problem.config.replicas_per_round
+    if per_round == 0:
+        memory = sum(n * problem.device_memory_bytes for n, _ in sel.groups)
+        mean_weight = float(np.mean([_min_weight(problem, n) for n in models])) if models else 1.0
+        per_round = max(1, round(memory / mean_weight / AUTO_ROUNDS))
     best: _Selection | None = None
     stale = 0
+    exhausted: set[str] = set()  # models that fit no group any more (memory only fills up)
     while True:
         result = _evaluate(problem, sel, workload)
         if best is None or sel.attainment > best.attainment:
@@ -208,11 +218,18 @@ def _fast_greedy(problem: _Problem, models: Sequence[str], sel: _Selection, work
             for name in placed:
                 replicas[name] = replicas.get(name, 0) + 1
         placed_now = 0
-        for name in sorted(models, key=lambda n: (-unserved[n], n)):
+        if problem.config.fast_rank == "unserved_per_byte":
+            value = {n: unserved[n] / _min_weight(problem, n) for n in models}
+        else:
+            value = unserved
+        for name in sorted(models, key=lambda n: (-value[n], n)):
             if unserved[name] == 0 or placed_now >= per_round:
                 break
+            if name in exhausted:
+                continue
             feasible = [g for g in range(len(sel.groups)) if _fits(problem, sel, g, name)]
             if not feasible:
+                exhausted.add(name)
                 continue
             g = min(feasible, key=lambda g: (utilization[g], len(sel.models[g]), g))
             sel = _add(problem, sel, g, name)
@@ -224,6 +241,16 @@ def _fast_greedy(problem: _Problem, models: Sequence[str], sel: _Selection, work
         if placed_now == 0:
             break
     return best
+
+
+def _min_weight(problem: _Problem, name: str) -> float:
+    """Total weight bytes of a model (over all devices), the memory a replica costs."""
+    key = ("total", name)
+    if key not in problem.weights:
+        profile = problem.profiles.models[name]
+        problem.weights[key] = float(min(sum(s.weight_bytes_per_device for s in c.stages) * c.config.intra_op_degree
+                                         for c in profile.configs)) or 1.0
+    return problem.weights[key]
 
 
 # ------------------------------------------------------------------------------------------- Algorithm 2

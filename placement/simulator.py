@@ -90,20 +90,38 @@ class LatencyCache:
     def __init__(self, profiles: ProfileSet, max_batch_size: int = 1):
         self.profiles = profiles
         self.max_batch_size = max_batch_size
-        self._latency: dict[tuple[str, int, int], np.ndarray] = {}
+        self._latency: dict[tuple[str, int, int], np.ndarray | None] = {}
+        self._config_tables: dict[tuple, np.ndarray] = {}
 
-    def get(self, name: str, config: ParallelConfig) -> np.ndarray:
-        """float64[max_batch_size + 1, pipeline_stages]; row b is a batch of b (row 0 unused)."""
+    def get(self, name: str, config: ParallelConfig) -> np.ndarray | None:
+        """float64[max_batch_size + 1, pipeline_stages] (row b: a batch of b; row 0 unused), None without a profile."""
         key = (name, config.intra_op_degree, config.pipeline_stages)
-        table = self._latency.get(key)
-        if table is None:
+        if key not in self._latency:
             if name not in self.profiles.models:
                 raise ValueError(f"model {name!r} has no profile")
-            stages = self.profiles.models[name].get(config).stages
-            table = np.zeros((self.max_batch_size + 1, len(stages)))
-            for b in range(1, self.max_batch_size + 1):
-                table[b] = [stage.latency(b) for stage in stages]
+            model = self.profiles.models[name]
+            table = None
+            if model.has(config):
+                stages = model.get(config).stages
+                table = np.zeros((self.max_batch_size + 1, len(stages)))
+                for b in range(1, self.max_batch_size + 1):
+                    table[b] = [stage.latency(b) for stage in stages]
             self._latency[key] = table
+        return self._latency[key]
+
+    def config_table(self, config: ParallelConfig, model_names: tuple[str, ...], num_stages: int) -> np.ndarray:
+        """float64[models, max_batch_size + 1, num_stages]: every model's latencies under `config` (zeros for models
+        without that configuration), padded to `num_stages` stages."""
+        key = (config.intra_op_degree, config.pipeline_stages, model_names, num_stages)
+        table = self._config_tables.get(key)
+        if table is None:
+            table = np.zeros((len(model_names), self.max_batch_size + 1, num_stages))
+            for m, name in enumerate(model_names):
+                if name in self.profiles.models:
+                    own = self.get(name, config)
+                    if own is not None:
+                        table[m, :, : own.shape[1]] = own
+            self._config_tables[key] = table
         return table
 
 
@@ -112,27 +130,30 @@ GroupSpec = tuple[int, ParallelConfig, Sequence[str]]
 
 
 def build_tables(groups: Sequence[GroupSpec], cache: LatencyCache, model_names: Sequence[str]) -> _Tables:
-    """Dense latency tables for the (group, model) pairs (models outside `model_names` are skipped)."""
-    index = {name: i for i, name in enumerate(model_names)}
-    num_groups, num_models = len(groups), len(model_names)
+    """Dense latency tables for the groups (models outside `model_names` are skipped). Row [g, m] holds model m's
+    latencies under group g's configuration; the kernels read it only for the models g hosts."""
+    names_key = tuple(model_names)
+    index = {name: i for i, name in enumerate(names_key)}
+    num_models = len(names_key)
     max_stages = max((config.pipeline_stages for _, config, _ in groups), default=1)
-    latency = np.zeros((num_groups, num_models, cache.max_batch_size + 1, max_stages))
     hosts: list[list[int]] = [[] for _ in range(num_models)]
     group_models: list[list[int]] = []
     for g, (_, config, names) in enumerate(groups):
         members = []
-        for name in names:
-            table = cache.get(name, config)
+        for name in names:  # (simulate() has checked that every hosted model has a profile for `config`)
             m = index.get(name)
             if m is None:
                 continue  # a placed model the workload never asks for
-            latency[g, m, :, : table.shape[1]] = table
             hosts[m].append(g)
             members.append(m)
         group_models.append(sorted(members))
+    if groups:
+        latency = np.stack([cache.config_table(config, names_key, max_stages) for _, config, _ in groups])
+    else:
+        latency = np.zeros((0, num_models, cache.max_batch_size + 1, max_stages))
     host_ptr = np.zeros(num_models + 1, dtype=np.int64)
     host_ptr[1:] = np.cumsum([len(h) for h in hosts])
-    group_ptr = np.zeros(num_groups + 1, dtype=np.int64)
+    group_ptr = np.zeros(len(groups) + 1, dtype=np.int64)
     group_ptr[1:] = np.cumsum([len(m) for m in group_models])
     flat = lambda lists: np.asarray([x for sub in lists for x in sub], dtype=np.int64)  # noqa: E731
     return _Tables(
