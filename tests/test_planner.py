@@ -139,3 +139,14 @@ def test_bad_input_is_named():
     too_big = Placement(groups=[GroupPlacement(num_devices=1, config=ParallelConfig(), models=names)])
     with pytest.raises(ValueError, match="device_memory_bytes"):
         too_big.check_memory(profiles, 1 * GB)
+
+
+def test_large_case_settings_give_feasible_consistent_placements():
+    """The speed settings of benchmarks/planner_speed.py (auto replicas per round, per-byte ranking, screening)."""
+    names, profiles, workload = case({"bert-1.3b": 3, "moe-5.3b": 2, "bert-6.7b": 1}, 20.0, 4.0, duration_s=120.0)
+    config = PlannerConfig(replicas_per_round=0, screen_fraction=0.25, fast_rank="unserved_per_byte")
+    ours = plan(names, profiles, workload, 8, BUDGET, config)
+    assert_feasible(ours, profiles, 8, BUDGET)
+    assert simulate(ours, profiles, workload).slo_attainment() == pytest.approx(ours.predicted_slo_attainment)
+    with pytest.raises(ValueError, match="fast_rank"):
+        PlannerConfig(fast_rank="random")

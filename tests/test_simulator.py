@@ -188,3 +188,34 @@ def test_utilization_is_bounded():
     util = simulate(placement, profs, workload).utilization(bin_s=10.0)
     assert util.shape[0] == 2
     assert np.all(util >= 0) and util.max() <= 1.0 + 0.2  # start-bin attribution may spill a little over a bin
+
+
+def test_dispatch_policies_by_name_and_their_decisions():
+    from placement.dispatch import make_dispatch
+    views = [
+        GroupView(group_id=0, models=frozenset({"a"}), queue_length=3, free_at_s=1.0, finish_if_dispatched_s=1.5),
+        GroupView(group_id=1, models=frozenset({"a", "b"}), queue_length=1, free_at_s=2.0, finish_if_dispatched_s=2.5),
+        GroupView(group_id=2, models=frozenset({"b"}), queue_length=0, free_at_s=0.0, finish_if_dispatched_s=0.5),
+    ]
+    shortest = make_dispatch("shortest_queue")
+    assert shortest.choose("a", 0.0, 10.0, views) == 1
+    assert shortest.choose("a", 0.0, 2.0, views) is None  # group 1 cannot finish by the deadline: rejected
+    assert make_dispatch("shortest_queue", slo_admission=False).choose("a", 0.0, 2.0, views) == 1
+    assert make_dispatch("earliest_finish").choose("a", 0.0, 10.0, views) == 0
+    rr = make_dispatch("round_robin")
+    assert [rr.choose("b", 0.0, 10.0, views) for _ in range(3)] == [1, 2, 1]
+    assert shortest.choose("c", 0.0, 10.0, views) is None
+    with pytest.raises(ValueError, match="policies.dispatch.name"):
+        make_dispatch("random")
+    with pytest.raises(ValueError, match="params"):
+        make_dispatch("shortest_queue", timeout=1)
+
+
+def test_batch_policy_respects_limit_and_deadlines():
+    policy = MaxBatchWithinSLO(max_batch_size=3)
+    finish = lambda b: 1.0 + 0.5 * b  # noqa: E731
+    assert policy.batch_size(0.0, [10.0, 10.0, 10.0, 10.0], finish) == 3
+    assert policy.batch_size(0.0, [10.0, 1.9, 10.0], finish) == 1  # the second request's deadline stops the batch
+    assert policy.batch_size(0.0, [1.0], finish) == 0  # even alone the head misses: caller drops it
+    with pytest.raises(ValueError, match="max_batch_size"):
+        MaxBatchWithinSLO(0)
