@@ -115,3 +115,12 @@ def make_dispatch(name: str, **params) -> DispatchPolicy:
     if "slo_admission" in params and not isinstance(params["slo_admission"], bool):
         raise ValueError("policies.dispatch.params.slo_admission must be true or false")
     return DISPATCH_POLICIES[name](**params)
+
+
+def dispatch_from_spec(spec, model: str | None = None) -> DispatchPolicy:
+    """The dispatch policy a DeploymentSpec names (`policies.dispatch`, per model or spec-wide); default
+    shortest queue with SLO admission."""
+    chosen = spec.policy("dispatch", model)
+    if chosen is None:
+        return ShortestQueueDispatch()
+    return make_dispatch(chosen.name, **chosen.params)

@@ -293,14 +293,18 @@ def device_buckets(num_devices: int, demands: Sequence[float], discrepancy: floa
         return [(num_devices,)]
     total = sum(demands) or 1.0
     proportional = [num_devices * d / total for d in demands]
-    splits = []
+    splits, fallback = [], []
     for counts in _compositions(num_devices, k):
+        distance = sum(abs(c - p) for c, p in zip(counts, proportional))
+        fallback.append((distance, counts))
         if any(c < m for c, m in zip(counts, minimum)):
             continue
         ratios = [c / max(d, 1e-12) for c, d in zip(counts, demands)]
         if max(ratios) > discrepancy * min(ratios):
             continue
-        splits.append((sum(abs(c - p) for c, p in zip(counts, proportional)), counts))
+        splits.append((distance, counts))
+    if not splits:  # nothing survives the pruning: keep the splits closest to proportional
+        splits = fallback
     splits.sort()
     return [counts for _, counts in splits[:max_splits]]
 
@@ -378,7 +382,11 @@ def plan(model_names: Sequence[str], profiles: ProfileSet, workload: Workload, n
     bucket_options = model_buckets(profiles, names, config.bucket_latency_ratio, config.max_buckets,
                                    config.bucket_gap_ratio)
     logger.info("%s: %d models, %d devices, %d model-bucket options", config.name, len(names), num_devices, len(bucket_options))
+    if all(len(buckets) > num_devices for buckets in bucket_options):
+        bucket_options = [[sorted(names)]]  # fewer devices than buckets: one bucket for all models
     for buckets in bucket_options:
+        if len(buckets) > num_devices:
+            continue
         minimum = [_min_devices(profiles, b, device_memory_bytes) for b in buckets]
         splits = device_buckets(num_devices, [sum(demand[n] for n in b) for b in buckets],
                                 config.device_bucket_discrepancy, config.max_device_splits, minimum)

@@ -150,3 +150,10 @@ def test_large_case_settings_give_feasible_consistent_placements():
     assert simulate(ours, profiles, workload).slo_attainment() == pytest.approx(ours.predicted_slo_attainment)
     with pytest.raises(ValueError, match="fast_rank"):
         PlannerConfig(fast_rank="random")
+
+
+def test_fewer_devices_than_buckets_still_plans():
+    names, profiles, workload = case({"bert-1.3b": 1, "bert-6.7b": 1}, 2.0, 1.0, duration_s=30.0)
+    placement = plan(names, profiles, workload, 1, 16 * GB)  # latencies 2.6x apart want two buckets; one device
+    assert_feasible(placement, profiles, 1, 16 * GB)
+    assert placement.models()

@@ -219,3 +219,16 @@ def test_batch_policy_respects_limit_and_deadlines():
     assert policy.batch_size(0.0, [1.0], finish) == 0  # even alone the head misses: caller drops it
     with pytest.raises(ValueError, match="max_batch_size"):
         MaxBatchWithinSLO(0)
+
+
+def test_dispatch_from_deployment_spec():
+    from placement.dispatch import dispatch_from_spec
+    from placement.spec import parse_spec
+    base = {"models": [{"name": "m", "kind": "text", "source": "package:all-minilm-l6-v2"}]}
+    assert isinstance(dispatch_from_spec(parse_spec(base)), ShortestQueueDispatch)
+    spec = parse_spec({**base, "policies": {"dispatch": {"name": "round_robin", "params": {"slo_admission": False}}}})
+    policy = dispatch_from_spec(spec, "m")
+    assert isinstance(policy, RoundRobinDispatch) and policy.slo_admission is False
+    bad = parse_spec({**base, "policies": {"dispatch": {"name": "nope"}}})
+    with pytest.raises(ValueError, match="policies.dispatch.name"):
+        dispatch_from_spec(bad)
