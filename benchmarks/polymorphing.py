@@ -137,15 +137,18 @@ def allocation_solve_time(args) -> dict:
     times = np.sort(rng.uniform(0, 10, 200_000))
     lengths = twitter_like_lengths(times, 512, rng)
     q = profiles.requests_per_bin(lengths, 200_000 / 100_000)  # 100k req/s, Arlo's 1000-GPU scale
-    repeats = 2 if args.quick else 5
-    samples = []
+    repeats = 3 if args.quick else 5
+    cpu, wall = [], []
     for _ in range(repeats):
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.process_time()
         result = solve_allocation(profiles, q, 1000)
-        samples.append(time.perf_counter() - started)
-    log.info("allocation 1000 devices x 16 runtimes: %.3f s (min of %d); floors need %d devices; N = %s",
-             min(samples), repeats, sum(allocation_lower_bounds(profiles, q)), result.instances)
-    return {"alloc_solve_s_1000x16": min(samples), "alloc_instances": result.instances}
+        wall.append(time.perf_counter() - started)
+        cpu.append(time.process_time() - started_cpu)
+    log.info("allocation 1000 devices x 16 runtimes: %.3f s CPU, %.3f s wall (min of %d; the machine is shared); "
+             "floors need %d devices; N = %s", min(cpu), min(wall), repeats, sum(allocation_lower_bounds(profiles, q)),
+             result.instances)
+    # CPU time is this process's own work: on a shared 2-core machine the wall clock mostly measures the neighbours.
+    return {"alloc_solve_s_1000x16": min(cpu), "alloc_solve_wall_s_1000x16": min(wall), "alloc_instances": result.instances}
 
 
 def dispatch_throughput(args) -> dict:
@@ -163,18 +166,16 @@ def dispatch_throughput(args) -> dict:
     in_flight: deque = deque()
     concurrent = 2400  # Arlo §5.1.4: up to 2400 concurrent requests
     dispatch, complete = policy.dispatch, policy.complete
-    dispatch_time = 0.0
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.process_time()
     for length in lengths:
-        t0 = time.perf_counter()
         in_flight.append(dispatch(length))
-        dispatch_time += time.perf_counter() - t0
         if len(in_flight) > concurrent:
             complete(in_flight.popleft())
-    total = time.perf_counter() - started
-    log.info("dispatch: %.0f decisions/s (dispatch calls only), %.0f/s including completions and timing overhead",
-             count / dispatch_time, count / total)
-    return {"dispatch_per_s": count / dispatch_time, "dispatch_and_complete_per_s": count / total}
+    wall, cpu = time.perf_counter() - started, time.process_time() - started_cpu
+    # Each decision is timed together with the completion that keeps 2400 requests in flight (conservative).
+    log.info("dispatch (Alg. 1, 1200 instances, 12 runtimes, 2400 in flight): %.0f decisions per CPU second, "
+             "%.0f per wall second", count / cpu, count / wall)
+    return {"dispatch_per_s": count / cpu, "dispatch_per_wall_s": count / wall}
 
 
 def real_minilm_run(args) -> dict:

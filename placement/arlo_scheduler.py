@@ -109,10 +109,20 @@ class MultiLevelQueue:
         self._update(self._slot_of[instance_id], outstanding)
 
     def complete(self, instance_id: Hashable) -> None:
-        """One request finished on `instance_id`."""
+        """One request finished on `instance_id` (inlined `_update`: called once per request)."""
         slot = self._slot_of.get(instance_id)
-        if slot is not None:
-            self._update(slot, max(self._outstanding[slot] - 1, 0))
+        if slot is None:
+            return
+        count = self._outstanding[slot] - 1
+        if count < 0:
+            count = 0
+        self._outstanding[slot] = count
+        stamp = self._version[slot] + 1
+        self._version[slot] = stamp
+        level = self._levels[self._level[slot]]
+        heapq.heappush(level.heap, (count, slot, stamp))
+        if len(level.heap) > _HEAP_REBUILD_FACTOR * (level.size + 1) + 16:
+            self._rebuild(level)
 
     def outstanding(self, instance_id: Hashable) -> int:
         return self._outstanding[self._slot_of[instance_id]]
@@ -214,8 +224,50 @@ class ArloDispatch(MultiLevelQueue):
         return self._ids[self.choose(length_tokens)]
 
     def dispatch(self, length_tokens: int) -> Hashable:
-        """Alg. 1 in full: choose, send to the head instance, update its level's priority queue (lines 21-22)."""
-        return self._send(self.choose(length_tokens))
+        """Alg. 1 in full: choose, send to the head instance, update its level's priority queue (lines 21-22).
+
+        The same steps as `choose` + `_send`, inlined: this is the hot path (Arlo §5.1.4 asks for 150k/s).
+        """
+        lengths = self._lengths
+        first = bisect.bisect_left(lengths, length_tokens)
+        if first == len(lengths):
+            raise ValueError(f"request of {length_tokens} tokens exceeds the longest runtime ({lengths[-1]} tokens)")
+        levels, outstanding, version = self._levels, self._outstanding, self._version
+        threshold, decay, budget = self.threshold, self.decay, self.max_levels
+        chosen = fallback = -1
+        chosen_level = fallback_level = None
+        for index in range(first, len(levels)):
+            level = levels[index]
+            if not level.size:
+                continue
+            heap = level.heap
+            top = heap[0]
+            while version[top[1]] != top[2]:  # drop stale entries
+                heapq.heappop(heap)
+                top = heap[0]
+            slot = top[1]
+            if fallback < 0:
+                fallback, fallback_level = slot, level
+            if outstanding[slot] < threshold * level.capacity_requests:
+                chosen, chosen_level = slot, level
+                break
+            threshold *= decay
+            budget -= 1
+            if not budget:
+                break
+        if chosen < 0:
+            if fallback < 0:
+                self._no_instance(length_tokens)
+            chosen, chosen_level = fallback, fallback_level
+        count = outstanding[chosen] + 1
+        outstanding[chosen] = count
+        stamp = version[chosen] + 1
+        version[chosen] = stamp
+        heap = chosen_level.heap
+        heapq.heappush(heap, (count, chosen, stamp))
+        if len(heap) > _HEAP_REBUILD_FACTOR * (chosen_level.size + 1) + 16:
+            self._rebuild(chosen_level)
+        return self._ids[chosen]
 
 
 class IntraGroupLoadBalance(MultiLevelQueue):

@@ -166,6 +166,7 @@ def solve_allocation(profiles: RuntimeProfileSet, requests_per_slo: Sequence[flo
     last = len(runtimes) - 1
     reserve_after = [sum(bounds[i + 1:]) for i in range(len(bounds))]
     fronts: list[_Front] = []
+    inverse_n = 1.0 / np.maximum(np.arange(num_devices + 1), 1)
     front = _Front(np.zeros(1, dtype=np.int64), np.zeros(1), np.zeros(1), np.full(1, -1), np.zeros(1, dtype=np.int64))
     for i in range(last):
         runtime, q, m = runtimes[i], float(requests_per_slo[i]), runtimes[i].capacity_requests
@@ -177,6 +178,7 @@ def solve_allocation(profiles: RuntimeProfileSet, requests_per_slo: Sequence[flo
         absorb_choice = np.zeros(num_devices + 1, dtype=np.int64)
         sat_devices, sat_overflow, sat_cost, sat_parent, sat_choice = [], [], [], [], []
         latency = _LatencyCurve(runtime)
+        own_demand_cost = q * latency(q * inverse_n) if q > 0 else np.zeros(num_devices + 1)  # Q_i L_i(Q_i / n)
         for s in range(len(front.devices)):
             g, demand, c = int(front.devices[s]), float(front.overflow[s]) + q, float(front.cost[s])
             n_hi = n_max_total - g
@@ -189,15 +191,21 @@ def solve_allocation(profiles: RuntimeProfileSet, requests_per_slo: Sequence[flo
             else:
                 n_absorb = max(bounds[i], math.ceil(demand / m - 1e-12))
             if n_absorb <= n_hi:
-                ns = np.arange(n_absorb, n_hi + 1)
-                values = c + demand * latency(demand / np.maximum(ns, 1)) if demand > 0 else np.full(len(ns), c)
-                window = absorb_cost[g + n_absorb:g + n_hi + 1]
-                better = values < window - _COST_EPSILON
-                if better.any():
-                    targets = g + ns[better]
-                    absorb_cost[targets] = values[better]
-                    absorb_parent[targets] = s
-                    absorb_choice[targets] = ns[better]
+                lo, hi = g + n_absorb, g + n_hi + 1
+                if demand > 0 and front.overflow[s] == 0.0:  # every R = 0 state shares D = Q_i: one curve per level
+                    values = c + own_demand_cost[n_absorb:n_hi + 1]
+                elif demand > 0:
+                    values = c + demand * latency(demand * inverse_n[max(n_absorb, 1):n_hi + 1])
+                    if n_absorb == 0:  # zero instances cannot absorb a positive demand
+                        values = np.r_[math.inf, values]
+                else:
+                    values = np.full(n_hi + 1 - n_absorb, c)
+                window = absorb_cost[lo:hi]
+                better = np.flatnonzero(values < window - _COST_EPSILON)
+                if better.size:
+                    window[better] = values[better]
+                    absorb_parent[lo:hi][better] = s
+                    absorb_choice[lo:hi][better] = n_absorb + better
             if bounds[i] < min(n_absorb, n_hi + 1):  # saturated: serve n*M at L_i(M), pass the rest on
                 ns = np.arange(bounds[i], min(n_absorb, n_hi + 1))
                 sat_devices.append(g + ns)
