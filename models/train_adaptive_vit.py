@@ -125,8 +125,8 @@ def random_shift(images: torch.Tensor, generator: torch.Generator) -> torch.Tens
 @dataclass(frozen=True)
 class TrainingConfig:
     seed: int = 0
-    backbone_epochs: int = 6
-    prompt_epochs: int = 2
+    backbone_epochs: int = 4
+    prompt_epochs: int = 1
     batch_size: int = 32
     backbone_lr: float = 3e-3
     prompt_lr: float = 1e-2

@@ -80,11 +80,11 @@ def test_prompts_replace_the_previous_layers_prompt_outputs(model, images):
     ours = model(images, 3, prompts)
     assert (ours - reference_vpt_deep(model, images, prompts)).abs().max() <= TOLERANCE
     features = model.pooled_features(images, 3, prompts)
-    assert (features - model.pooled_features(images, 0)).abs().max() > 1e-2  # prompts do change the result
+    assert (features - model.pooled_features(images, 0)).abs().max() > 1e-3  # prompts do change the result (>> 1e-5)
     # Every layer's own prompts matter (the last layer's too).
     changed = prompts.clone()
     changed[:, -1] += 1.0
-    assert (model.pooled_features(images, 3, changed) - features).abs().max() > 1e-2
+    assert (model.pooled_features(images, 3, changed) - features).abs().max() > 1e-3
 
 
 @torch.inference_mode()
