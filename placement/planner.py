@@ -426,6 +426,8 @@ def _best_for_bucket(problem: _Problem, bucket: Sequence[str], devices: int) -> 
     candidates = [list(zip(sizes, configs))
                   for sizes in group_partitions(devices, problem.config)
                   for configs in parallel_configs(problem.profiles, bucket, sizes, problem.config.allow_model_parallelism)]
+    logger.info("%s: bucket of %d models on %d devices: %d candidate partitions x configs (%d simulations so far)",
+                problem.config.name, len(bucket), devices, len(candidates), problem.stats.simulations)
     fraction = problem.config.screen_fraction
     if fraction < 1.0 and len(candidates) > problem.config.screen_keep and len(workload) > 1:
         start = workload.arrival_s[0]

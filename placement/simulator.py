@@ -209,14 +209,14 @@ def _kernel_unbatched(arrival, model, deadline, host_ptr, host_groups, latency, 
         lo = host_ptr[m]
         hi = host_ptr[m + 1]
         if lo == hi:
-            status[i] = 3
+            status[i] = UNPLACED
             group_out[i] = -1
             start[i] = np.nan
             finish[i] = np.nan
             continue
         enter = t + request_overhead
         best = -1
-        if policy == 1:  # round robin
+        if policy == KERNEL_ROUND_ROBIN:  # round robin
             best = host_groups[lo + turn[m] % (hi - lo)]
             turn[m] += 1
         else:
@@ -230,7 +230,7 @@ def _kernel_unbatched(arrival, model, deadline, host_ptr, host_groups, latency, 
                 head[g] = h
                 if h == -1:
                     tail[g] = -1
-                if policy == 2:
+                if policy == KERNEL_EARLIEST_FINISH:
                     key = _pipeline_finish(latency, stage_free, num_stages, g, m, 1, enter)
                 else:
                     key = float(in_system[g])
@@ -240,7 +240,7 @@ def _kernel_unbatched(arrival, model, deadline, host_ptr, host_groups, latency, 
         g = best
         predicted = _pipeline_finish(latency, stage_free, num_stages, g, m, 1, enter) + response_overhead
         if admission and predicted > deadline[i]:
-            status[i] = 2
+            status[i] = REJECTED
             group_out[i] = -1
             start[i] = np.nan
             finish[i] = np.nan
@@ -251,7 +251,7 @@ def _kernel_unbatched(arrival, model, deadline, host_ptr, host_groups, latency, 
             busy[g] += latency[g, m, 1, k] * intra_op[g]
         start[i] = s
         finish[i] = f + response_overhead
-        status[i] = 0 if finish[i] <= deadline[i] else 1
+        status[i] = SERVED if finish[i] <= deadline[i] else LATE
         if tail[g] == -1:
             head[g] = i
         else:
@@ -288,7 +288,7 @@ def _advance_group(g, t, arrival, model, deadline, latency, num_stages, max_batc
             size += 1
             r = qnext[r]
         if size == 0:  # even alone the head misses its deadline: drop it
-            status[h] = 2
+            status[h] = REJECTED
             start[h] = np.nan
             finish[h] = np.nan
             r = qnext[h]
@@ -305,7 +305,7 @@ def _advance_group(g, t, arrival, model, deadline, latency, num_stages, max_batc
                 start[r] = s
                 finish[r] = f
                 batch_out[r] = size
-                status[r] = 0 if f <= deadline[r] else 1
+                status[r] = SERVED if f <= deadline[r] else LATE
                 taken[r] = True
                 if ftail[g] == -1:
                     fhead[g] = r
@@ -355,7 +355,7 @@ def _kernel_batched(arrival, model, deadline, host_ptr, host_groups, latency, nu
         lo = host_ptr[m]
         hi = host_ptr[m + 1]
         if lo == hi:
-            status[i] = 3
+            status[i] = UNPLACED
             group_out[i] = -1
             start[i] = np.nan
             finish[i] = np.nan
@@ -381,22 +381,22 @@ def _kernel_batched(arrival, model, deadline, host_ptr, host_groups, latency, nu
             fhead[g] = h
             if h == -1:
                 ftail[g] = -1
-            if policy == 1:
+            if policy == KERNEL_ROUND_ROBIN:
                 continue
-            if policy == 2:
+            if policy == KERNEL_EARLIEST_FINISH:
                 key = _pipeline_finish(latency, stage_free, num_stages, g, m, 1, enter)
             else:
                 key = float(queued[g] + inflight[g])
             if key < best_key:
                 best_key = key
                 best = g
-        if policy == 1:
+        if policy == KERNEL_ROUND_ROBIN:
             best = host_groups[lo + turn[m] % (hi - lo)]
             turn[m] += 1
         g = best
         predicted = _pipeline_finish(latency, stage_free, num_stages, g, m, 1, enter) + response_overhead
         if admission and predicted > deadline[i]:
-            status[i] = 2
+            status[i] = REJECTED
             group_out[i] = -1
             start[i] = np.nan
             finish[i] = np.nan
