@@ -91,6 +91,7 @@ class BatchingParams(BaseModel):
     q: float = Field(default=0.5, gt=0, lt=1, description="DAS: deadline-aware set keeps requests of utility >= q * mean utility of the utility-dominant set; eta + q = 1 (TCB §5.2).")
     slot_size_tokens: int | None = Field(default=None, ge=1, description="Fixed slot size z for slotted batching; for slotted_das, None lets Alg. 2 choose z per batch.")
     slot_granularity_tokens: int = Field(default=8, ge=1, description="slotted_das rounds its slot size up to a multiple of this (fewer distinct shapes).")
+    backfill_slots: bool = Field(default=True, description="slotted_das: fill room left in the slots with other waiting requests (plexserve's addition to TCB Alg. 2).")
     start_allowance_ms: float = Field(default=0.0, ge=0, description="Drop a request unless it can start this long before its deadline, in milliseconds.")
 
     @model_validator(mode="after")
@@ -272,7 +273,8 @@ class SlottedDasScheduler(BatchScheduler):
     DAS chooses the rows H_tk (line 2); the slot size z is the longest request of the utility-dominant sets H^U
     (lines 3-4), rounded up to `slot_granularity_tokens` (or the fixed `slot_size_tokens`); every row is cut into
     L // z slots (line 5) and each row's requests go into its slots greedily, longest first (lines 6-7). A request
-    that fits no slot of its row waits for a later batch.
+    that fits no slot of its row waits for a later batch. With `backfill_slots` (plexserve's addition, on by
+    default) the room left in the slots then takes other waiting requests that fit, by utility.
     """
 
     name = "slotted_das"
@@ -291,14 +293,34 @@ class SlottedDasScheduler(BatchScheduler):
         result = das_rows(candidates, p.num_rows, p.row_length_tokens, p.eta, p.q)  # line 2; TCB Alg. 1: eta, q
         z = self.slot_size(result.utility_dominant)  # lines 3-4: slot size z
         per_row = p.row_length_tokens // z  # line 5
-        rows: list[list[TextRequest]] = []
-        slots: list[list[TextRequest]] = []
+        row_slots: list[list[list[TextRequest]]] = []
         for row in result.rows:  # lines 6-7
             longest_first = sorted(row, key=lambda r: (-r.length_tokens, r.deadline_s))
-            row_slots = [s for s in _first_fit(longest_first, per_row, z) if s]
-            slots.extend(row_slots)
-            rows.append([r for s in row_slots for r in s])
+            row_slots.append(_first_fit(longest_first, per_row, z))
+        if p.backfill_slots:
+            self._backfill(row_slots, candidates, z)
+        slots = [s for slots_of_row in row_slots for s in slots_of_row if s]
+        rows = [[r for s in slots_of_row for r in s] for slots_of_row in row_slots]
         return BatchDecision(rows=rows, slot_size_tokens=z, slots=slots)
+
+    @staticmethod
+    def _backfill(row_slots: list[list[list[TextRequest]]], candidates: Sequence[TextRequest], z: int) -> None:
+        """plexserve's addition to Alg. 2: room left in the slots takes waiting requests that fit, by utility.
+
+        DAS filled each row for a row of L tokens; cut into slots of z, some of a row's requests no longer fit and
+        the slots keep room that the paper's Alg. 2 leaves empty.
+        """
+        placed = {id(r) for slots_of_row in row_slots for s in slots_of_row for r in s}
+        waiting = sorted((r for r in candidates if id(r) not in placed and r.length_tokens <= z),
+                         key=lambda r: (-r.utility, r.deadline_s))
+        for slots_of_row in row_slots:
+            for slot in slots_of_row:
+                room = z - sum(r.length_tokens for r in slot)
+                for r in waiting:
+                    if id(r) not in placed and r.length_tokens <= room:
+                        slot.append(r)
+                        placed.add(id(r))
+                        room -= r.length_tokens
 
 
 SCHEDULERS: dict[str, type[BatchScheduler]] = {

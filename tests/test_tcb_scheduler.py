@@ -147,3 +147,17 @@ def test_replay_accounts_for_every_request():
         assert result.completed + result.late + result.dropped + result.unserved == len(trace), name
         assert result.dropped > 0  # overloaded: 400 req/s x 20 tokens > 256 tokens / 50 ms
         assert 0 < result.utility <= sum(r.utility for r in trace)
+
+
+def test_slotted_das_backfill_fills_slot_room():
+    """Rows that DAS filled for L tokens leave room once cut into slots; backfill gives it to waiting requests."""
+    queue = [TextRequest(i, length, arrival_s=0.0, deadline_s=5.0) for i, length in enumerate([6, 6, 7, 7, 9, 9, 10, 10] * 4)]
+    base = {"row_length_tokens": 32, "num_rows": 2, "slot_granularity_tokens": 4}
+    plain = make_batch_scheduler("slotted_das", {**base, "backfill_slots": False}).form_batch(0.0, queue)
+    filled = make_batch_scheduler("slotted_das", {**base, "backfill_slots": True}).form_batch(0.0, queue)
+    assert plain.slot_size_tokens == filled.slot_size_tokens
+    assert filled.num_tokens >= plain.num_tokens and len(filled.requests) >= len(plain.requests)
+    z = filled.slot_size_tokens
+    assert all(sum(r.length_tokens for r in slot) <= z for slot in filled.slots)
+    ids = [r.request_id for r in filled.requests]
+    assert len(ids) == len(set(ids))
