@@ -47,9 +47,13 @@ def build(instances: int, num_devices: int, duration_s: float, seed: int):
 
 def main() -> None:
     parser = make_parser(__doc__)
-    parser.add_argument("--beam-instances", type=int, default=2, help="instances per model in the beam comparison")
-    parser.add_argument("--beam-devices", type=int, default=8, help="devices in the beam comparison")
+    parser.add_argument("--beam-instances", type=int, default=None,
+                        help="instances per model in the beam comparison (default 2 with --quick, else 3)")
+    parser.add_argument("--beam-devices", type=int, default=None,
+                        help="devices in the beam comparison (default 8 with --quick, else 16)")
     args = parser.parse_args()
+    args.beam_instances = args.beam_instances or (2 if args.quick else 3)
+    args.beam_devices = args.beam_devices or (8 if args.quick else 16)
     log = setup_logging("planner_speed")
     plan_duration, eval_duration = (60.0, 600.0) if args.quick else (120.0, 1800.0)
     names, profiles, workload = build(INSTANCES, NUM_DEVICES, plan_duration, PLAN_SEED)
