@@ -49,3 +49,20 @@ def test_schema_subcommand_runs_as_a_module():
     done = subprocess.run([sys.executable, "-m", "placement", "schema"], capture_output=True, text=True, check=True)
     schema = json.loads(done.stdout)
     assert "ClusterSpec" in json.dumps(schema)
+
+
+def test_plan_from_a_profile_set_file(tmp_path):
+    """Profiles written by parallel/ (a ProfileSet JSON) are read through `profiles.path`."""
+    from placement.paper_profiles import replicate_profiles, table1_profiles
+    profiles = replicate_profiles(table1_profiles(), {"moe-1.3b": 2}).profiles
+    profiles.save(tmp_path / "profiles.json")
+    spec = {"profiles": {"path": "profiles.json"}, "models": ["moe-1.3b-0", "moe-1.3b-1"],
+            "slo_ms": {"moe-1.3b-0": 600}, "workload": {"kind": "poisson", "total_rate_per_s": 5, "duration_s": 30},
+            "cluster": {"num_devices": 2, "device_memory_bytes": 4_000_000_000}, "planner": {"max_group_devices": 2}}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    out = tmp_path / "placement.json"
+    assert main(["-q", "plan", str(tmp_path / "spec.json"), "-o", str(out)]) == 0
+    assert Placement.load(out).models() == {"moe-1.3b-0", "moe-1.3b-1"}
+    spec["slo_ms"] = {"other": 1}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    assert main(["-q", "plan", str(tmp_path / "spec.json"), "-o", str(out)]) == 2
