@@ -1,0 +1,16 @@
+"""The Alpa-derived auto-parallelizer (AlpaServe §4.1) and the model-parallel runtime on Ray actors.
+
+Where things happen, in the order a model goes through them:
+
+* `profiler`       -- per-layer latency / weight / activation bytes; actor sends and gloo collectives (alpha-beta fit)
+* `comm_model`     -- the fitted alpha-beta costs
+* `inter_op`       -- DP slicing the layer view into pipeline stages (min max stage latency, memory budget)
+* `intra_op`       -- MILP (cvxpy + HiGHS) choosing replicated / column / row per linear layer of a stage
+* `configurations` -- every (intra-op degree, pipeline stages) of a group size -> `placement.profiles.ProfileSet`
+* `plan`           -- `ParallelPlan`: stages and block shardings, the runtime's input
+* `tensor_parallel`, `stage_layers` -- shard modules built from the real weights; one (stage, shard)'s layers
+* `stage_actor`    -- one Ray actor per (stage, shard)
+* `group_runtime`  -- `ModelParallelGroup`: pipelined requests over the actors, failure -> `GroupFailedError`, rebuild
+* `tiny_models`    -- random-weight stand-ins for tests
+* `python -m parallel profile|configs` -- the CLI
+"""

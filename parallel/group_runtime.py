@@ -54,7 +54,8 @@ class ModelParallelGroup:
 
     def __init__(self, source: ModelSource, plan: ParallelPlan, placement_group: PlacementGroup | None = None,
                  bundle_indices: Sequence[int] | None = None, num_cpus_per_actor: float = DEFAULT_ACTOR_NUM_CPUS,
-                 num_threads_per_actor: int = 1, actor_resources: dict[str, float] | None = None):
+                 num_threads_per_actor: int = 1, actor_resources: dict[str, float] | None = None,
+                 num_gpus_per_actor: float = 0.0):
         if bundle_indices is not None and placement_group is None:
             raise ValueError("bundle_indices needs a placement_group")
         if placement_group is not None:
@@ -68,6 +69,7 @@ class ModelParallelGroup:
         self.num_cpus_per_actor = num_cpus_per_actor
         self.num_threads_per_actor = num_threads_per_actor
         self.actor_resources = actor_resources or {}
+        self.num_gpus_per_actor = num_gpus_per_actor
         self.actors: list[list] = []
         self.weight_bytes: list[list[int]] = []
         self._start()
@@ -75,7 +77,7 @@ class ModelParallelGroup:
     # ---- life cycle ----
 
     def _actor_options(self, index: int) -> dict:
-        options: dict = {"num_cpus": self.num_cpus_per_actor, "max_restarts": 0}
+        options: dict = {"num_cpus": self.num_cpus_per_actor, "num_gpus": self.num_gpus_per_actor, "max_restarts": 0}
         if self.actor_resources:
             options["resources"] = dict(self.actor_resources)
         if self.placement_group is not None:
@@ -92,13 +94,13 @@ class ModelParallelGroup:
                 options = self._actor_options(s * degree + rank)
                 row.append(StageActor.options(**options).remote(self.source, stage, s, rank, degree, self.num_threads_per_actor))
             self.actors.append(row)
-        setups = []
-        for row in self.actors:
-            address, port = (None, None)
-            if degree > 1:
-                address, port = ray.get(row[0].rendezvous_address.remote())
-            setups.append([actor.setup.remote(address, port) for actor in row])
         try:
+            setups = []
+            for row in self.actors:
+                address, port = (None, None)
+                if degree > 1:
+                    address, port = ray.get(row[0].rendezvous_address.remote())
+                setups.append([actor.setup.remote(address, port) for actor in row])
             self.weight_bytes = [ray.get(row) for row in setups]
         except (RayActorError, RayTaskError) as error:
             self.shutdown()

@@ -67,6 +67,8 @@ class StageShard:
             import torch.distributed as dist
 
             backend = "nccl" if self.device.type == "cuda" else "gloo"
+            if self.device.type == "cuda":
+                torch.cuda.set_device(0)  # Ray exposes only this actor's GPU
             dist.init_process_group(backend, init_method=f"tcp://{master_address}:{master_port}", rank=self.rank,
                                     world_size=self.degree, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
             collectives = ProcessGroupCollectives()

@@ -110,3 +110,16 @@ def test_bad_bundle_indices_are_refused(tiny):
     source, model, _, _ = tiny
     with pytest.raises(ValueError, match="bundle_indices"):
         ModelParallelGroup(source, ParallelPlan.even(len(model.layers()), 2), bundle_indices=[0, 1])
+
+
+def test_comm_profile_fits_sends_and_collectives_between_actors(ray_serve):
+    from parallel.profiler import profile_comm
+
+    sizes = (4_096, 262_144, 1_048_576)
+    comm = profile_comm(degrees=(2,), sizes_bytes=sizes, repeats=2, warmup=1)
+    assert comm.send.num_samples == len(sizes)
+    assert set(comm.all_reduce) == set(comm.all_gather) == {2}
+    assert comm.send_s(sizes[-1]) > 0 and comm.all_reduce_s(sizes[-1], 2) > 0 and comm.all_gather_s(sizes[-1], 2) > 0
+    assert comm.all_reduce_s(sizes[-1], 1) == 0.0
+    # Degrees that were not measured extrapolate along a ring from the nearest measured one.
+    assert comm.all_reduce_s(sizes[-1], 4) >= comm.all_reduce_s(sizes[-1], 2)

@@ -1,0 +1,191 @@
+"""Model-parallel runtime on Ray actors vs the auto-parallelizer's prediction (AlpaServe §3, §4.1).
+
+For all-MiniLM-L6-v2 (real weights) and a ViT (timm vit_small_patch16 with random weights: a stand-in, its
+speed does not depend on the weights), this benchmark profiles the layers and the actor-to-actor communication
+on this machine, plans three configurations with the passes of `parallel/` -- one stage on one actor, two pipeline
+stages (inter-op DP), one stage split 2-way (Megatron intra-op sharding) -- runs each on real Ray actors with one
+thread per actor, and measures side by side:
+
+* single-request latency (requests one after another) and saturated throughput (many requests in flight);
+* the profile's prediction: latency = sum of stage latencies, throughput = 1 / largest stage latency;
+* the largest difference of any output from the unsplit model's.
+
+Final JSON line: `pipeline2_throughput_ratio` (2 stages vs 1, the smaller over the two models),
+`max_prediction_error` (relative, over latency and throughput of every configuration), `max_abs_diff`,
+and the figures per model and configuration. A PNG of measured vs predicted throughput goes to benchmarks/out/.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import ray  # noqa: E402
+import torch  # noqa: E402
+
+from benchmarks._common import emit_json, make_parser, out_dir, setup_logging  # noqa: E402
+from models.layers import run_layers  # noqa: E402
+from parallel.configurations import ModelPlanner, block_prefix  # noqa: E402
+from parallel.group_runtime import ModelParallelGroup  # noqa: E402
+from parallel.plan import ParallelPlan, StagePlan  # noqa: E402
+from parallel.profiler import LayerProfileSet, device_description, profile_comm, profile_layers  # noqa: E402
+from parallel.stage_layers import ModelSource, example_input, load_model  # noqa: E402
+from parallel.tensor_parallel import BlockShardingPlan  # noqa: E402
+from parallel.tiny_models import make_tiny_vit  # noqa: E402
+from placement.profiles import ParallelConfig  # noqa: E402
+
+log = setup_logging("parallel_runtime")
+
+RAY_NUM_CPUS = 4
+BATCH_SIZE = 1
+TEXT_SEQ_LEN_TOKENS = 64
+VIT_ARCH = "vit_small_patch16_224"
+VIT_IMAGE_PX = 128
+VIT_CLASSES = 10
+CONFIGS = {
+    "1-stage": ParallelConfig(intra_op_degree=1, pipeline_stages=1),
+    "2-stage": ParallelConfig(intra_op_degree=1, pipeline_stages=2),
+    "2-way-intra-op": ParallelConfig(intra_op_degree=2, pipeline_stages=1),
+}
+
+
+def megatron_plan(planner: ModelPlanner) -> tuple[ParallelPlan, list[float]]:
+    """One stage, every block Megatron-sharded 2 ways, with the cost model's prediction of its latency."""
+    layers = planner.profile.layers
+    blocks = [m.index for m in layers if m.kind == "block"]
+    sharding = BlockShardingPlan.megatron().as_dict()
+    plan = ParallelPlan(intra_op_degree=2, stages=[StagePlan(start_layer=0, end_layer=len(layers),
+                                                             block_shardings={i: dict(sharding) for i in blocks})])
+    choices = {f"{block_prefix(i)}{name}": value for i in blocks for name, value in sharding.items()}
+    return plan, [planner.predict_stage_s(0, len(layers), 2, BATCH_SIZE, choices)]
+
+
+def measure(source: ModelSource, plan: ParallelPlan, states, expected, latency_requests: int, throughput_requests: int) -> dict:
+    group = ModelParallelGroup(source, plan)
+    try:
+        outputs = group.infer_many(states[:2])  # warm-up (and the first exactness check)
+        diffs = [(o.hidden - e).abs().max().item() for o, e in zip(outputs, expected)]
+        latencies = []
+        for i in range(latency_requests):
+            start = time.perf_counter()
+            out = group.infer(states[i % len(states)])
+            latencies.append(time.perf_counter() - start)
+            diffs.append((out.hidden - expected[i % len(states)]).abs().max().item())
+        start = time.perf_counter()
+        outputs = group.infer_many([states[i % len(states)] for i in range(throughput_requests)])
+        elapsed = time.perf_counter() - start
+        diffs += [(o.hidden - expected[i % len(states)]).abs().max().item() for i, o in enumerate(outputs)]
+        return {"latency_s": statistics.median(latencies), "throughput_rps": throughput_requests / elapsed,
+                "max_abs_diff": max(diffs), "weight_bytes_per_actor": group.weight_bytes}
+    finally:
+        group.shutdown()
+
+
+def bench_model(source: ModelSource, comm, args, figures: dict) -> None:
+    torch.set_num_threads(1)
+    model = load_model(source)
+    seq = TEXT_SEQ_LEN_TOKENS if source.kind == "text" else None
+    log.info("%s: profiling layers", source.name)
+    profile = profile_layers(source, [BATCH_SIZE], [seq] if seq else [], repeats=args.repeats, model=model)
+    planner = ModelPlanner(profile, comm, seq)
+    states = [example_input(model, BATCH_SIZE, seq, seed=i) for i in range(4)]
+    with torch.inference_mode():
+        expected = [run_layers(model.layers(), s).hidden for s in states]
+    del model
+    results = {}
+    for label, config in CONFIGS.items():
+        planned = planner.plan(config, BATCH_SIZE)
+        ilp_choice = "replicated"
+        if config.intra_op_degree > 1:
+            ilp_sharded = any(v != "replicated" for st in planned.plan.stages for b in st.block_shardings.values() for v in b.values())
+            ilp_choice = "sharded" if ilp_sharded else "replicated"
+            plan, stage_latencies = megatron_plan(planner)
+        else:
+            plan, stage_latencies = planned.plan, planned.stage_latency_s[BATCH_SIZE]
+        predicted_latency, predicted_throughput = sum(stage_latencies), 1.0 / max(stage_latencies)
+        log.info("%s %s: stages %s, predicted %.2f ms, %.1f req/s", source.name, label,
+                 [(s.start_layer, s.end_layer) for s in plan.stages], 1e3 * predicted_latency, predicted_throughput)
+        measured = measure(source, plan, states, expected, args.latency_requests, args.throughput_requests)
+        log.info("%s %s: measured %.2f ms, %.1f req/s, max |diff| %.2e", source.name, label,
+                 1e3 * measured["latency_s"], measured["throughput_rps"], measured["max_abs_diff"])
+        results[label] = {
+            **measured, "predicted_latency_s": predicted_latency, "predicted_throughput_rps": predicted_throughput,
+            "latency_error": abs(predicted_latency - measured["latency_s"]) / measured["latency_s"],
+            "throughput_error": abs(predicted_throughput - measured["throughput_rps"]) / measured["throughput_rps"],
+            "stages": [[s.start_layer, s.end_layer] for s in plan.stages],
+            **({"ilp_choice_at_this_comm_cost": ilp_choice} if config.intra_op_degree > 1 else {}),
+        }
+    figures[source.name] = results
+
+
+def plot(figures: dict) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(figures), figsize=(5 * len(figures), 4), squeeze=False)
+    for ax, (name, results) in zip(axes[0], figures.items()):
+        labels = list(results)
+        x = range(len(labels))
+        ax.bar([i - 0.2 for i in x], [results[l]["throughput_rps"] for l in labels], width=0.4, label="measured")
+        ax.bar([i + 0.2 for i in x], [results[l]["predicted_throughput_rps"] for l in labels], width=0.4, label="predicted")
+        ax.set_xticks(list(x), labels)
+        ax.set_ylabel("requests / s (batch 1)")
+        ax.set_title(name)
+        ax.legend()
+    fig.tight_layout()
+    path = out_dir() / "parallel_runtime.png"
+    fig.savefig(path)
+    return path
+
+
+def main() -> None:
+    parser = make_parser(__doc__)
+    parser.add_argument("--repeats", type=int, default=None, help="timed runs per layer in the profile")
+    args = parser.parse_args()
+    args.repeats = args.repeats or (5 if args.quick else 20)
+    args.latency_requests = 10 if args.quick else 40
+    args.throughput_requests = 30 if args.quick else 120
+    torch.set_num_threads(1)
+    ray.init(num_cpus=RAY_NUM_CPUS, include_dashboard=False, log_to_driver=False)
+    figures: dict = {}
+    try:
+        log.info("profiling sends and 2-way collectives between actors")
+        comm = profile_comm((2,), repeats=args.repeats)
+        with tempfile.TemporaryDirectory() as tmp:
+            vit = make_tiny_vit(tmp, arch=VIT_ARCH, image_size_px=VIT_IMAGE_PX, num_classes=VIT_CLASSES,
+                                name=f"{VIT_ARCH}-{VIT_IMAGE_PX}px-random-weights", timm_kwargs={})
+            minilm = ModelSource(name="all-minilm-l6-v2", kind="text", source="package:all-minilm-l6-v2")
+            for source in (minilm, vit):
+                bench_model(source, comm, args, figures)
+    finally:
+        ray.shutdown()
+    png = plot(figures)
+    errors = [r[k] for results in figures.values() for r in results.values() for k in ("latency_error", "throughput_error")]
+    ratios = {name: r["2-stage"]["throughput_rps"] / r["1-stage"]["throughput_rps"] for name, r in figures.items()}
+    emit_json({
+        "pipeline2_throughput_ratio": min(ratios.values()),
+        "pipeline2_throughput_ratio_per_model": ratios,
+        "max_prediction_error": max(errors),
+        "max_abs_diff": max(r["max_abs_diff"] for results in figures.values() for r in results.values()),
+        "device": device_description(),
+        "comm": LayerProfileSet(device=device_description(), comm=comm).comm.model_dump(),
+        "models": figures,
+        "png": str(png),
+        "quick": args.quick,
+    })
+
+
+if __name__ == "__main__":
+    main()
