@@ -28,23 +28,27 @@ class Staircase:
 
 def measure_staircase(encoder: TextEncoder, lengths_tokens: Sequence[int], batch_size: int = 1,
                       backend: StaticBackend = "trace", repeats: int = 5) -> Staircase:
-    """Median latency of a static runtime compiled at each length (inputs of one token: padding is the cost)."""
+    """Latency of a static runtime compiled at each length (inputs of two tokens: padding is the cost).
+
+    The minimum over `repeats` runs: on a shared machine interference only adds time, and a step must come from
+    the runtime, not from a neighbour.
+    """
     latencies = []
     for index, length in enumerate(lengths_tokens):
         runtime = StaticRuntime(encoder, int(length), batch_size, backend=backend)
         requests = synthetic_token_batch(encoder, min(2, int(length)), batch_size)
-        latencies.append(time_call(lambda: runtime.run_tokens(requests), repeats))
+        latencies.append(time_call(lambda: runtime.run_tokens(requests), repeats, statistic="min"))
         logger.info("staircase %d/%d: L=%d -> %.2f ms", index + 1, len(lengths_tokens), length, latencies[-1] * 1e3)
     return Staircase([int(x) for x in lengths_tokens], latencies, batch_size, backend)
 
 
 def measure_runtime_latencies(encoder: TextEncoder, max_length_tokens: int, batch_sizes: Sequence[int],
                               backend: StaticBackend = "trace", repeats: int = 5) -> dict[int, float]:
-    """Batch size -> median seconds of the runtime at `max_length_tokens` (one compiled runtime per batch size)."""
+    """Batch size -> seconds (minimum of `repeats`) of the runtime at `max_length_tokens`, one runtime per batch size."""
     result = {}
     for batch in batch_sizes:
         runtime = StaticRuntime(encoder, max_length_tokens, int(batch), backend=backend)
         requests = synthetic_token_batch(encoder, max_length_tokens, int(batch))
-        result[int(batch)] = time_call(lambda: runtime.run_tokens(requests), repeats)
+        result[int(batch)] = time_call(lambda: runtime.run_tokens(requests), repeats, statistic="min")
         logger.info("runtime L=%d b=%d -> %.2f ms", max_length_tokens, batch, result[int(batch)] * 1e3)
     return result

@@ -97,7 +97,10 @@ def simulate(scheme: str, profiles: RuntimeProfileSet, arrivals_s: np.ndarray, l
         counts = _allocation_counts(scheme, profiles, q, num_devices)
         policy_cls = {"arlo": DISPATCH_POLICIES["arlo"], "ilb": DISPATCH_POLICIES["ilb"], "ig": DISPATCH_POLICIES["ig"],
                       "infaas": DISPATCH_POLICIES["bin_packing"]}[scheme]
-        capacities = {r.max_length_tokens: r.capacity_requests for r in profiles.runtimes}
+        # Dispatch congestion uses the capacity with the per-request overhead included: what an instance really
+        # completes within the SLO here (the allocation keeps the profile's M_i, as Arlo's profiler measures it).
+        capacities = {r.max_length_tokens: max(1, int(slo_s // service_of_length[r.max_length_tokens]))
+                      for r in profiles.runtimes}
         policy = policy_cls(capacities, **(dispatch_kwargs or {})) if scheme == "arlo" else policy_cls(capacities)
         runtime_of, k = {}, 0
         for length, count in counts.items():

@@ -36,6 +36,8 @@ logger = logging.getLogger("ray.serve")
 KEY_MAX_LENGTH = "max_length_tokens"
 KEY_CAPACITY = "capacity_requests"
 KEY_OUTSTANDING = "outstanding_requests"
+#: Serve's cap on requests in a replica; Arlo's own congestion threshold decides long before it is reached.
+DEFAULT_MAX_ONGOING_REQUESTS = 64
 
 
 class PolymorphUserConfig(BaseModel):
@@ -150,4 +152,58 @@ class PolymorphRuntimeDeployment:
 def allocation_update(previous_assignment: dict[int, int], counts: dict[int, int], version: int) -> tuple[int, dict]:
     """(num_replicas, user_config) realising `counts` (max length -> instances) with the fewest replica changes."""
     assignment = rank_assignment(previous_assignment, counts)
-    return len(assignment), PolymorphUserConfig(assignment=assignment, version=version).model_dump()
+    return len(assignment), PolymorphUserConfig(assignment=assignment, version=version).model_dump(mode="json")
+
+
+class PolymorphingPolicyParams(BaseModel):
+    """`policies: {polymorphing: {name: arlo, params: ...}}` of a text model in the deployment spec."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    capacities: dict[int, int] = Field(description="Runtime max length in tokens -> capacity within the SLO (Arlo M_i), in requests; "
+                                                   "from a measured RuntimeProfileSet (benchmarks/polymorphing.py) or set by hand.")
+    initial_counts: dict[int, int] | None = Field(default=None, description="Runtime max length -> replicas at start; default: one of each.")
+    batch_size: int = Field(default=1, ge=1, description="Batch size each static runtime is compiled for.")
+    backend: str = Field(default="trace", pattern="^(eager|trace|compile)$", description="Static compilation backend.")
+    threshold: float = Field(default=0.85, gt=0, description="Arlo Alg. 1 lambda.")
+    decay: float = Field(default=0.9, gt=0, le=1, description="Arlo Alg. 1 alpha.")
+    max_levels: int = Field(default=6, ge=1, description="Arlo Alg. 1 L.")
+    routing_stats_period_s: float = Field(default=1.0, gt=0, description="How often replicas report outstanding requests, in seconds.")
+
+
+def bind_polymorph_model(model: ModelSpec, params: dict, deployment_name: str, assignment: dict[int, int] | None = None,
+                         version: int = 0, max_ongoing_requests: int = DEFAULT_MAX_ONGOING_REQUESTS):
+    """The bound Serve application of one polymorphing text model (for the app builder).
+
+    `assignment` (replica rank -> max length, from `allocation_update`) replaces `initial_counts`; re-running
+    `serve.run` with a new assignment and version is the declarative allocation update.
+    """
+    from ray.serve.config import RequestRouterConfig
+
+    from rayserve_apps.polymorph_router import PolymorphRouter
+
+    policy = PolymorphingPolicyParams.model_validate(params)
+    counts = policy.initial_counts or {length: 1 for length in policy.capacities}
+    unknown = set(counts) - set(policy.capacities)
+    if unknown:
+        raise ValueError(f"initial_counts names runtimes without a capacity: {sorted(unknown)}")
+    if assignment is not None:
+        unknown |= set(assignment.values()) - set(policy.capacities)
+        if unknown:
+            raise ValueError(f"assignment names runtimes without a capacity: {sorted(unknown)}")
+        num_replicas = len(assignment)
+        user_config = PolymorphUserConfig(assignment=assignment, version=version).model_dump(mode="json")
+    else:
+        num_replicas, user_config = allocation_update({}, counts, version=version)
+    return PolymorphRuntimeDeployment.options(
+        name=deployment_name,
+        num_replicas=num_replicas,
+        max_ongoing_requests=max_ongoing_requests,
+        ray_actor_options={"num_cpus": model.num_cpus_per_replica},
+        user_config=user_config,
+        request_router_config=RequestRouterConfig(
+            request_router_class=PolymorphRouter,
+            request_router_kwargs={"threshold": policy.threshold, "decay": policy.decay, "max_levels": policy.max_levels},
+            request_routing_stats_period_s=policy.routing_stats_period_s),
+    ).bind(model.model_dump(mode="json"), {"capacities": policy.capacities, "batch_size": policy.batch_size,
+                                           "backend": policy.backend})

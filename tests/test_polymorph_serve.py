@@ -13,21 +13,13 @@ APP = "polymorph-test"
 
 def deploy(assignment: dict[int, int], version: int):
     from ray import serve
-    from ray.serve.config import RequestRouterConfig
 
     from placement.spec import ModelSpec
-    from rayserve_apps.polymorph_router import PolymorphRouter
-    from rayserve_apps.polymorph_runtime_deployment import PolymorphRuntimeDeployment, PolymorphUserConfig
+    from rayserve_apps.polymorph_runtime_deployment import bind_polymorph_model
 
     spec = ModelSpec(name="minilm", kind="text", source="package:all-minilm-l6-v2", num_cpus_per_replica=0.5)
-    app = PolymorphRuntimeDeployment.options(
-        name="minilm-polymorph",
-        num_replicas=len(assignment),
-        max_ongoing_requests=64,
-        ray_actor_options={"num_cpus": 0.5},
-        user_config=PolymorphUserConfig(assignment=assignment, version=version).model_dump(mode="json"),
-        request_router_config=RequestRouterConfig(request_router_class=PolymorphRouter, request_routing_stats_period_s=0.5),
-    ).bind(spec.model_dump(mode="json"), {"capacities": CAPACITIES, "backend": "eager"})
+    params = {"capacities": CAPACITIES, "backend": "eager", "routing_stats_period_s": 0.5}
+    app = bind_polymorph_model(spec, params, "minilm-polymorph", assignment=assignment, version=version)
     return serve.run(app, name=APP, route_prefix=None)
 
 
@@ -49,12 +41,12 @@ def test_short_requests_land_on_short_runtime_and_long_on_long(handle):
 
 
 def test_congested_short_runtime_demotes_to_long_runtime(handle):
-    # Each request carries 24 short texts, run one by one on the batch-1 runtime, so requests overlap.
+    # Each request carries 16 short texts, run one by one on the batch-1 runtime, so requests overlap.
     import time
 
     responses = []
     for _ in range(8):
-        responses.append(handle.embed_token_ids.remote(tokens(10, texts=24)))
+        responses.append(handle.embed_token_ids.remote(tokens(10, texts=16)))
         time.sleep(0.05)  # arrivals 50 ms apart, each request runs far longer
     served = [r.result(timeout_s=120)["served_by_max_length_tokens"] for r in responses]
     assert served.count(SHORT_RUNTIME) >= 2  # the ideal runtime takes what it can ...
@@ -67,15 +59,27 @@ def test_too_long_request_is_rejected_with_limit(handle):
 
 
 def test_allocation_update_keeps_in_flight_requests(handle):
-    from rayserve_apps.polymorph_runtime_deployment import allocation_update
+    from rayserve_apps.polymorph_runtime_deployment import PolymorphUserConfig, allocation_update
 
-    in_flight = [handle.embed_token_ids.remote(tokens(10, texts=8)) for _ in range(6)]
+    in_flight = [handle.embed_token_ids.remote(tokens(10, texts=6)) for _ in range(4)]
     num_replicas, user_config = allocation_update({0: SHORT_RUNTIME, 1: LONG_RUNTIME}, {LONG_RUNTIME: 2}, version=2)
-    assert num_replicas == 2 and user_config["assignment"] == {0: LONG_RUNTIME, 1: LONG_RUNTIME}
-    new_handle = deploy(user_config["assignment"], version=2)
-    assert all(len(r.result(timeout_s=120)["embeddings"]) == 8 for r in in_flight)  # none dropped
+    assignment = PolymorphUserConfig.model_validate(user_config).assignment
+    assert num_replicas == 2 and assignment == {0: LONG_RUNTIME, 1: LONG_RUNTIME}
+    new_handle = deploy(assignment, version=2)
+    assert all(len(r.result(timeout_s=120)["embeddings"]) == 6 for r in in_flight)  # none dropped
     import time
 
     time.sleep(1.5)  # routing stats (period 0.5 s) carry the new runtime to the router
     for _ in range(3):
         assert new_handle.embed_token_ids.remote(tokens(10)).result(timeout_s=60)["served_by_max_length_tokens"] == LONG_RUNTIME
+
+
+def test_polymorphing_params_are_validated_by_field():
+    from placement.spec import ModelSpec
+    from rayserve_apps.polymorph_runtime_deployment import bind_polymorph_model
+
+    spec = ModelSpec(name="minilm", kind="text", source="package:all-minilm-l6-v2")
+    with pytest.raises(ValueError, match="decay"):
+        bind_polymorph_model(spec, {"capacities": CAPACITIES, "decay": 2.0}, "x")
+    with pytest.raises(ValueError, match="initial_counts"):
+        bind_polymorph_model(spec, {"capacities": CAPACITIES, "initial_counts": {32: 1}}, "x")
