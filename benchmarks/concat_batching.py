@@ -11,7 +11,9 @@
    plain `@serve.batch` deployment that pads per batch, same model, same load, same CPUs.
 
 Final JSON line: ratio_vs_naive, ratio_vs_sorted (concat requests/s over the baseline's), oracle_ratio (concat
-time / oracle time), e2e_ratio_vs_serve_batch, max_abs_diff (packed vs per-request embeddings), and more.
+time / oracle time), all at length variance 20 (the same with suffix _variance_100), e2e_ratio_vs_serve_batch,
+max_abs_diff (packed vs per-request embeddings), and more. Engine times are forward passes only (packing and
+padding are built beforehand), each pass's best of the interleaved repeats.
 
     .venv/bin/python benchmarks/concat_batching.py --quick
 """
@@ -80,33 +82,46 @@ def make_token_ids(lengths: Sequence[int], cls_id: int, sep_id: int, vocab_size:
     return [[cls_id] + [rng.randrange(FIRST_WORD_ID, vocab_size) for _ in range(n - 2)] + [sep_id] for n in lengths]
 
 
-def time_engines(engines: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Best-of-repeats seconds per engine, the engines interleaved in every repeat.
+def time_engines(steps: dict[str, list[Callable[[], object]]], repeats: int) -> dict[str, float]:
+    """Seconds per engine: the sum over its forward passes of each pass's best time over the repeats.
 
-    The machine is shared and noisy (neighbours' load changes the time of a run up to 2x); the fastest of the
-    interleaved runs is the least disturbed measurement of each engine.
+    Every repeat runs the engines one after the other (interleaved), timing each forward pass alone. The machine is
+    shared and noisy (a neighbour's burst can double a run), so each pass keeps its least disturbed time.
     """
-    samples: dict[str, list[float]] = {name: [] for name in engines}
+    best: dict[str, list[float]] = {name: [math.inf] * len(passes) for name, passes in steps.items()}
     for repeat in range(repeats):
-        for name, run in engines.items():
-            start = time.perf_counter()
-            run()
-            samples[name].append(time.perf_counter() - start)
-        log.info("repeat %d/%d: %s", repeat + 1, repeats, {k: round(v[-1], 3) for k, v in samples.items()})
-    return {name: min(values) for name, values in samples.items()}
+        for name, passes in steps.items():
+            for index, run in enumerate(passes):
+                start = time.perf_counter()
+                run()
+                best[name][index] = min(best[name][index], time.perf_counter() - start)
+        log.info("repeat %d/%d: %s", repeat + 1, repeats, {k: round(sum(v), 3) for k, v in best.items()})
+    return {name: sum(values) for name, values in best.items()}
 
 
-def oracle_runner(encoder, total_tokens: int, tokens_per_batch: int) -> Callable[[], None]:
+def padded_steps(engine, token_ids: list[list[int]]) -> list[Callable[[], object]]:
+    """The forward passes of a padded baseline, tensors built beforehand (only the forward is timed)."""
+    batches = [engine.padded_batch([token_ids[i] for i in batch]) for batch in engine.batches([len(t) for t in token_ids])]
+    return [lambda b=b: engine.encoder.embed_tokens(b) for b in batches]
+
+
+def concat_steps(engine: ConcatBatchingEngine, token_ids: list[list[int]]) -> list[Callable[[], object]]:
+    """The forward passes of ConcatBatching (packed forward and per-request pooling), packed beforehand."""
+    packed = [engine.packed.pack([token_ids[i] for i in group], engine.row_length_tokens, engine.num_rows,
+                                 engine.slot_size_tokens) for group in engine.groups([len(t) for t in token_ids])]
+    return [lambda b=b: engine.packed.embed_packed(b) for b in packed]
+
+
+def oracle_steps(encoder, total_tokens: int, tokens_per_batch: int) -> list[Callable[[], object]]:
     """Zero-padding oracle: dense [n, 20] batches of equal-length requests, the same total tokens as the requests."""
     per_batch = max(1, tokens_per_batch // MEAN_TOKENS)
-    num_batches = max(1, round(total_tokens / (per_batch * MEAN_TOKENS)))
-    ids = torch.randint(FIRST_WORD_ID, encoder.tokenizer.vocab_size, (per_batch, MEAN_TOKENS))
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
-
-    def run() -> None:
-        for _ in range(num_batches):
-            encoder.embed_tokens(batch)
-    return run
+    num_requests = max(1, round(total_tokens / MEAN_TOKENS))
+    steps = []
+    for start in range(0, num_requests, per_batch):
+        ids = torch.randint(FIRST_WORD_ID, encoder.tokenizer.vocab_size, (min(per_batch, num_requests - start), MEAN_TOKENS))
+        batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
+        steps.append(lambda b=batch: encoder.embed_tokens(b))
+    return steps
 
 
 def engine_throughput(encoder, token_ids: list[list[int]], repeats: int) -> dict[str, EngineTiming]:
@@ -119,15 +134,16 @@ def engine_throughput(encoder, token_ids: list[list[int]], repeats: int) -> dict
     }
     stats = {name: engine.embed(token_ids).stats for name, engine in engines.items()}  # warm-up and statistics
     total_tokens = sum(map(len, token_ids))
-    runners: dict[str, Callable[[], object]] = {name: (lambda e=engine: e.embed(token_ids)) for name, engine in engines.items()}
-    runners["oracle"] = oracle_runner(encoder, total_tokens, NUM_ROWS * ROW_LENGTH_TOKENS)
-    medians = time_engines(runners, repeats)
+    steps = {name: (concat_steps(engine, token_ids) if isinstance(engine, ConcatBatchingEngine) else padded_steps(engine, token_ids))
+             for name, engine in engines.items()}
+    steps["oracle"] = oracle_steps(encoder, total_tokens, NUM_ROWS * ROW_LENGTH_TOKENS)
+    seconds_by_engine = time_engines(steps, repeats)
     timings = {}
-    for name, seconds in medians.items():
+    for name, seconds in seconds_by_engine.items():
         s = stats.get(name)
         timings[name] = EngineTiming(name=name, seconds=seconds, requests_per_s=len(token_ids) / seconds,
                                      padding_fraction=s.padding_fraction if s else 0.0,
-                                     num_forward_passes=s.num_forward_passes if s else 0)
+                                     num_forward_passes=s.num_forward_passes if s else len(steps[name]))
     return timings
 
 
@@ -348,7 +364,7 @@ def main() -> None:
     parser.add_argument("--skip-e2e", action="store_true", help="skip the Ray Serve end-to-end part")
     args = parser.parse_args()
     num_requests = args.requests or (128 if args.quick else 1024)
-    repeats = 3 if args.quick else 7
+    repeats = 5 if args.quick else 9
     granularity = 2 * SLOT_GRANULARITY_TOKENS if args.quick else SLOT_GRANULARITY_TOKENS
     torch.set_num_threads(args.threads)
     encoder = load_text_encoder()
@@ -391,7 +407,9 @@ def main() -> None:
         "max_abs_diff": diff,
         "requests_per_s": {str(v): {k: t.requests_per_s for k, t in timings.items()} for v, timings in throughputs.items()},
         "padding_fraction": {str(v): {k: t.padding_fraction for k, t in timings.items()} for v, timings in throughputs.items()},
+        "ratio_vs_naive_variance_100": throughputs[VARIANCES[1]]["concat"].requests_per_s / throughputs[VARIANCES[1]]["naive"].requests_per_s,
         "ratio_vs_sorted_variance_100": throughputs[VARIANCES[1]]["concat"].requests_per_s / throughputs[VARIANCES[1]]["sorted"].requests_per_s,
+        "oracle_ratio_variance_100": throughputs[VARIANCES[1]]["concat"].seconds / throughputs[VARIANCES[1]]["oracle"].seconds,
         "utility": utility,
         "das_beats_fcfs_sjf_edf_past_saturation": das_wins,
         "png": str(path),
