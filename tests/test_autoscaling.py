@@ -74,3 +74,15 @@ def test_replacement_with_more_and_fewer_devices_is_still_minimal():
         assert {k: v for k, v in counts.items() if v} == {k: v for k, v in target.items() if v}
         lower = sum(max(target.get(l, 0) - sum(1 for v in current_map.values() if v == l), 0) for l in target)
         assert plan.num_changed == max(lower, len(current_map) - len(plan.keep))
+
+
+def test_rank_assignment_keeps_surviving_ranks_and_fills_new_ones():
+    from placement.replacement import rank_assignment
+
+    assert rank_assignment({}, {64: 2, 512: 1}) == {0: 64, 1: 64, 2: 512}
+    assert rank_assignment({0: 64, 1: 64, 2: 512}, {64: 1, 128: 1, 512: 1}) == {0: 128, 1: 64, 2: 512}
+    assert rank_assignment({0: 64}, {128: 1, 512: 1}) == {0: 128, 1: 512}  # a changed rank is never reused
+    grown = rank_assignment({0: 64, 1: 512}, {64: 2, 512: 2})
+    assert grown[0] == 64 and grown[1] == 512 and sorted(grown.values()) == [64, 64, 512, 512]
+    with pytest.raises(ValueError, match="at least one instance"):
+        rank_assignment({0: 64}, {64: 0})
