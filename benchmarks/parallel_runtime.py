@@ -6,11 +6,12 @@ on this machine, plans three configurations with the passes of `parallel/` -- on
 stages (inter-op DP), one stage split 2-way (Megatron intra-op sharding) -- runs each on real Ray actors with one
 thread per actor, and measures side by side:
 
-* single-request latency (requests one after another) and saturated throughput (many requests in flight);
+* single-request latency (requests one after another) and saturated throughput (many requests in flight),
+  all three groups alive at once and measured in interleaved rounds (medians over rounds);
 * the profile's prediction: latency = sum of stage latencies, throughput = 1 / largest stage latency;
 * the largest difference of any output from the unsplit model's.
 
-Final JSON line: `pipeline2_throughput_ratio` (2 stages vs 1, the smaller over the two models),
+Final JSON line: `pipeline2_throughput_ratio` (2 stages vs 1: median over rounds, the smaller of the two models),
 `max_prediction_error` (relative, over latency and throughput of every configuration), `max_abs_diff`,
 and the figures per model and configuration. A PNG of measured vs predicted throughput goes to benchmarks/out/.
 """
@@ -70,28 +71,24 @@ def megatron_plan(planner: ModelPlanner) -> tuple[ParallelPlan, list[float]]:
     return plan, [planner.predict_stage_s(0, len(layers), 2, BATCH_SIZE, choices)]
 
 
-def measure(source: ModelSource, plan: ParallelPlan, states, expected, latency_requests: int, throughput_requests: int) -> dict:
-    group = ModelParallelGroup(source, plan)
-    try:
-        outputs = group.infer_many(states[:2])  # warm-up (and the first exactness check)
-        diffs = [(o.hidden - e).abs().max().item() for o, e in zip(outputs, expected)]
-        latencies = []
-        for i in range(latency_requests):
-            start = time.perf_counter()
-            out = group.infer(states[i % len(states)])
-            latencies.append(time.perf_counter() - start)
-            diffs.append((out.hidden - expected[i % len(states)]).abs().max().item())
+def _round(group: ModelParallelGroup, states, expected, latency_requests: int, throughput_requests: int) -> dict:
+    """One measuring round of one configuration: sequential requests, then many in flight."""
+    diffs, latencies = [], []
+    for i in range(latency_requests):
         start = time.perf_counter()
-        outputs = group.infer_many([states[i % len(states)] for i in range(throughput_requests)])
-        elapsed = time.perf_counter() - start
-        diffs += [(o.hidden - expected[i % len(states)]).abs().max().item() for i, o in enumerate(outputs)]
-        return {"latency_s": statistics.median(latencies), "throughput_rps": throughput_requests / elapsed,
-                "max_abs_diff": max(diffs), "weight_bytes_per_actor": group.weight_bytes}
-    finally:
-        group.shutdown()
+        out = group.infer(states[i % len(states)])
+        latencies.append(time.perf_counter() - start)
+        diffs.append((out.hidden - expected[i % len(states)]).abs().max().item())
+    start = time.perf_counter()
+    outputs = group.infer_many([states[i % len(states)] for i in range(throughput_requests)])
+    elapsed = time.perf_counter() - start
+    diffs += [(o.hidden - expected[i % len(states)]).abs().max().item() for i, o in enumerate(outputs)]
+    return {"latency_s": statistics.median(latencies), "throughput_rps": throughput_requests / elapsed, "max_abs_diff": max(diffs)}
 
 
 def bench_model(source: ModelSource, comm, args, figures: dict) -> None:
+    """Plan the three configurations, start all three groups, and measure them in interleaved rounds (the machine
+    is shared: a load spike then hits every configuration alike)."""
     torch.set_num_threads(1)
     model = load_model(source)
     seq = TEXT_SEQ_LEN_TOKENS if source.kind == "text" else None
@@ -102,29 +99,50 @@ def bench_model(source: ModelSource, comm, args, figures: dict) -> None:
     with torch.inference_mode():
         expected = [run_layers(model.layers(), s).hidden for s in states]
     del model
-    results = {}
+    plans, predictions, ilp_choice = {}, {}, {}
     for label, config in CONFIGS.items():
         planned = planner.plan(config, BATCH_SIZE)
-        ilp_choice = "replicated"
         if config.intra_op_degree > 1:
-            ilp_sharded = any(v != "replicated" for st in planned.plan.stages for b in st.block_shardings.values() for v in b.values())
-            ilp_choice = "sharded" if ilp_sharded else "replicated"
-            plan, stage_latencies = megatron_plan(planner)
+            sharded = any(v != "replicated" for st in planned.plan.stages for b in st.block_shardings.values() for v in b.values())
+            ilp_choice[label] = "sharded" if sharded else "replicated"
+            plans[label], predictions[label] = megatron_plan(planner)
         else:
-            plan, stage_latencies = planned.plan, planned.stage_latency_s[BATCH_SIZE]
-        predicted_latency, predicted_throughput = sum(stage_latencies), 1.0 / max(stage_latencies)
+            plans[label], predictions[label] = planned.plan, planned.stage_latency_s[BATCH_SIZE]
         log.info("%s %s: stages %s, predicted %.2f ms, %.1f req/s", source.name, label,
-                 [(s.start_layer, s.end_layer) for s in plan.stages], 1e3 * predicted_latency, predicted_throughput)
-        measured = measure(source, plan, states, expected, args.latency_requests, args.throughput_requests)
-        log.info("%s %s: measured %.2f ms, %.1f req/s, max |diff| %.2e", source.name, label,
-                 1e3 * measured["latency_s"], measured["throughput_rps"], measured["max_abs_diff"])
+                 [(s.start_layer, s.end_layer) for s in plans[label].stages], 1e3 * sum(predictions[label]),
+                 1.0 / max(predictions[label]))
+    groups = {label: ModelParallelGroup(source, plan) for label, plan in plans.items()}
+    rounds: dict[str, list[dict]] = {label: [] for label in plans}
+    try:
+        for group in groups.values():
+            group.infer_many(states[:2])  # warm-up
+        for number in range(args.rounds):
+            for label, group in groups.items():
+                rounds[label].append(_round(group, states, expected, args.latency_requests, args.throughput_requests))
+            log.info("%s round %d/%d: %s req/s", source.name, number + 1, args.rounds,
+                     {label: round(r[-1]["throughput_rps"], 2) for label, r in rounds.items()})
+    finally:
+        for group in groups.values():
+            group.shutdown()
+    results = {}
+    for label, measured in rounds.items():
+        latency = statistics.median(r["latency_s"] for r in measured)
+        throughput = statistics.median(r["throughput_rps"] for r in measured)
+        predicted_latency, predicted_throughput = sum(predictions[label]), 1.0 / max(predictions[label])
         results[label] = {
-            **measured, "predicted_latency_s": predicted_latency, "predicted_throughput_rps": predicted_throughput,
-            "latency_error": abs(predicted_latency - measured["latency_s"]) / measured["latency_s"],
-            "throughput_error": abs(predicted_throughput - measured["throughput_rps"]) / measured["throughput_rps"],
-            "stages": [[s.start_layer, s.end_layer] for s in plan.stages],
-            **({"ilp_choice_at_this_comm_cost": ilp_choice} if config.intra_op_degree > 1 else {}),
+            "latency_s": latency, "throughput_rps": throughput,
+            "max_abs_diff": max(r["max_abs_diff"] for r in measured),
+            "weight_bytes_per_actor": groups[label].weight_bytes,
+            "predicted_latency_s": predicted_latency, "predicted_throughput_rps": predicted_throughput,
+            "latency_error": abs(predicted_latency - latency) / latency,
+            "throughput_error": abs(predicted_throughput - throughput) / throughput,
+            "stages": [[s.start_layer, s.end_layer] for s in plans[label].stages],
+            **({"ilp_choice_at_this_comm_cost": ilp_choice[label]} if label in ilp_choice else {}),
         }
+        log.info("%s %s: measured %.2f ms, %.2f req/s (predicted %.2f ms, %.2f req/s), max |diff| %.2e", source.name,
+                 label, 1e3 * latency, throughput, 1e3 * predicted_latency, predicted_throughput, results[label]["max_abs_diff"])
+    per_round = [b["throughput_rps"] / a["throughput_rps"] for a, b in zip(rounds["1-stage"], rounds["2-stage"])]
+    results["pipeline2_throughput_ratio_median_of_rounds"] = statistics.median(per_round)
     figures[source.name] = results
 
 
@@ -136,7 +154,7 @@ def plot(figures: dict) -> Path:
 
     fig, axes = plt.subplots(1, len(figures), figsize=(5 * len(figures), 4), squeeze=False)
     for ax, (name, results) in zip(axes[0], figures.items()):
-        labels = list(results)
+        labels = list(CONFIGS)
         x = range(len(labels))
         ax.bar([i - 0.2 for i in x], [results[l]["throughput_rps"] for l in labels], width=0.4, label="measured")
         ax.bar([i + 0.2 for i in x], [results[l]["predicted_throughput_rps"] for l in labels], width=0.4, label="predicted")
@@ -155,8 +173,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per layer in the profile")
     args = parser.parse_args()
     args.repeats = args.repeats or (5 if args.quick else 20)
-    args.latency_requests = 10 if args.quick else 40
-    args.throughput_requests = 30 if args.quick else 120
+    args.latency_requests = 5 if args.quick else 20
+    args.throughput_requests = 12 if args.quick else 40
+    args.rounds = 3 if args.quick else 5
     torch.set_num_threads(1)
     ray.init(num_cpus=RAY_NUM_CPUS, include_dashboard=False, log_to_driver=False)
     figures: dict = {}
@@ -172,13 +191,14 @@ def main() -> None:
     finally:
         ray.shutdown()
     png = plot(figures)
-    errors = [r[k] for results in figures.values() for r in results.values() for k in ("latency_error", "throughput_error")]
-    ratios = {name: r["2-stage"]["throughput_rps"] / r["1-stage"]["throughput_rps"] for name, r in figures.items()}
+    configs = [r[label] for r in figures.values() for label in CONFIGS]
+    errors = [c[k] for c in configs for k in ("latency_error", "throughput_error")]
+    ratios = {name: r["pipeline2_throughput_ratio_median_of_rounds"] for name, r in figures.items()}
     emit_json({
         "pipeline2_throughput_ratio": min(ratios.values()),
         "pipeline2_throughput_ratio_per_model": ratios,
         "max_prediction_error": max(errors),
-        "max_abs_diff": max(r["max_abs_diff"] for results in figures.values() for r in results.values()),
+        "max_abs_diff": max(c["max_abs_diff"] for c in configs),
         "device": device_description(),
         "comm": LayerProfileSet(device=device_description(), comm=comm).comm.model_dump(),
         "models": figures,
