@@ -4,6 +4,11 @@ parallel configurations, with the paper's pruning), under a per-device memory co
 
 Selective Replication (SR, §6.2) is this planner with model parallelism switched off (every group one device);
 see :mod:`placement.baselines` for SR, round robin and Clockwork++.
+
+The defaults follow the paper. Three speed-ups beyond it are opt-in (`PlannerConfig`), used by the benchmarks
+for the 48-model x 64-device case: several replicas per simulation in the fast variant (`replicas_per_round`),
+models ranked by unserved requests per weight byte (`fast_rank`), and candidates screened on the leading part
+of the workload before the best few are planned on all of it (`screen_fraction`, `screen_keep`).
 """
 
 from __future__ import annotations
