@@ -160,3 +160,23 @@ def test_emitted_profile_set_round_trips_and_plans_a_small_cluster(models, tmp_p
     hosted = {m for group in placement.groups for m in group.models}
     assert hosted == set(names)
     assert 0.0 <= placement.predicted_slo_attainment <= 1.0
+
+
+def test_cli_profiles_merge_and_configs_write_a_profile_set(tmp_path, capsys):
+    from parallel.__main__ import main
+
+    source = make_tiny_bert(tmp_path / "bert")
+    layers = tmp_path / "layers.json"
+    args = ["profile", "--text", source.source, "--name", "tiny-bert", "--batch-sizes", "1", "--seq-lens", "8",
+            "--repeats", "1", "--no-comm", "--out", str(layers)]
+    assert main(args) == 0 and main(args) == 0
+    merged = LayerProfileSet.load(layers)
+    assert merged.models["tiny-bert"].layers[0].samples[shape_key(1, 8)] == 2
+    with pytest.raises(ValueError, match="communication model"):
+        main(["configs", "--layers", str(layers), "--group-sizes", "2", "--out", str(tmp_path / "p.json")])
+    LayerProfileSet(device="cpu", comm=STAND_IN_COSTLY_COMM).save_merged(layers)
+    out = tmp_path / "measured.json"
+    assert main(["configs", "--layers", str(layers), "--group-sizes", "1", "2", "--seq-len", "tiny-bert=8", "--out", str(out)]) == 0
+    profiles = ProfileSet.load(out)
+    assert [c.config.key() for c in profiles.models["tiny-bert"].configs] == ["op1-pp1", "op1-pp2", "op2-pp1"]
+    assert "op1-pp2" in capsys.readouterr().out
