@@ -21,7 +21,7 @@ import asyncio
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,7 +32,7 @@ from ray.util import get_current_placement_group
 
 from models.layers import ActivationState
 from models.text_encoder import TextTokenizer, load_text_tokenizer
-from parallel.group_runtime import ModelParallelGroup
+from parallel.group_runtime import GroupFailedError, ModelParallelGroup
 from parallel.plan import ParallelPlan
 from parallel.stage_layers import ModelSource
 from placement.profiles import ParallelConfig
@@ -79,6 +79,12 @@ class HostedModel:
     runtime: ModelParallelGroup
     tokenizer: TextTokenizer | None
     in_flight: int = 0
+    #: Cleared while the model's stage actors are being rebuilt after a failure; requests wait for it.
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    rebuilds: int = 0
+
+    def __post_init__(self) -> None:
+        self.ready.set()
 
 
 @serve.deployment
@@ -144,11 +150,32 @@ class GroupReplica:
         hosted.in_flight += 1
         self._queue_gauge.set(self.queue_length(), tags={"group": self.group_name})
         try:
+            await hosted.ready.wait()
             pending = hosted.runtime.submit(state)  # returns at once: requests pipeline through the stages
             return await asyncio.to_thread(hosted.runtime.result, pending)
+        except GroupFailedError as error:
+            # Only this model's in-flight requests fail; its stage actors are replaced in the background.
+            self._rebuild_soon(hosted)
+            raise RuntimeError(f"group {self.group_name}, model {hosted.spec.name!r}: {error}; "
+                               "its stage actors are being rebuilt, retry the request") from None
         finally:
             hosted.in_flight -= 1
             self._queue_gauge.set(self.queue_length(), tags={"group": self.group_name})
+
+    def _rebuild_soon(self, hosted: HostedModel) -> None:
+        if not hosted.ready.is_set():
+            return  # a rebuild is already under way
+        hosted.ready.clear()
+
+        async def rebuild() -> None:
+            try:
+                await asyncio.to_thread(hosted.runtime.rebuild)
+                hosted.rebuilds += 1
+                logger.warning("group %s: rebuilt %s after a failure", self.group_name, hosted.spec.name)
+            finally:
+                hosted.ready.set()
+
+        asyncio.get_running_loop().create_task(rebuild())
 
     # ---- requests ----
 
@@ -187,13 +214,17 @@ class GroupReplica:
     def record_routing_stats(self) -> dict[str, Any]:
         return {"models": sorted(self.models), "queue_length": self.queue_length()}
 
-    def info(self) -> dict[str, Any]:
+    async def info(self) -> dict[str, Any]:
         """Where and what this replica is: for `GET /v1/placement`, tests and people."""
-        actor_ids = [[actor._actor_id.hex() for actor in row] for hosted in self.models.values() for row in hosted.runtime.actor_handles()]
+        stage_pids: dict[str, list[list[int]]] = {}
+        for name, hosted in self.models.items():
+            await hosted.ready.wait()
+            stage_pids[name] = [list(await asyncio.gather(*(actor.ping.remote() for actor in row))) for row in hosted.runtime.actor_handles()]
         return {
             "group": self.group_name, "config": self.config.model_dump(), "models": sorted(self.models),
             "placement_version": self.placement_version, "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
-            "started_at_s": self.started_at_s, "queue_length": self.queue_length(), "stage_actors": actor_ids,
+            "started_at_s": self.started_at_s, "queue_length": self.queue_length(), "stage_actor_pids": stage_pids,
+            "rebuilds": {name: hosted.rebuilds for name, hosted in self.models.items()},
         }
 
     def check_health(self) -> None:
