@@ -9,6 +9,7 @@ candidate length, `placement.arlo_runtimes.choose_runtime_lengths` turns the cur
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -27,7 +28,7 @@ class Staircase:
 
 
 def measure_staircase(encoder: TextEncoder, lengths_tokens: Sequence[int], batch_size: int = 1,
-                      backend: StaticBackend = "trace", repeats: int = 5) -> Staircase:
+                      backend: StaticBackend = "trace", repeats: int = 5, clock=time.perf_counter) -> Staircase:
     """Latency of a static runtime compiled at each length (inputs of two tokens: padding is the cost).
 
     The minimum over `repeats` runs: on a shared machine interference only adds time, and a step must come from
@@ -37,13 +38,14 @@ def measure_staircase(encoder: TextEncoder, lengths_tokens: Sequence[int], batch
     for index, length in enumerate(lengths_tokens):
         runtime = StaticRuntime(encoder, int(length), batch_size, backend=backend)
         requests = synthetic_token_batch(encoder, min(2, int(length)), batch_size)
-        latencies.append(time_call(lambda: runtime.run_tokens(requests), repeats, statistic="min"))
+        latencies.append(time_call(lambda: runtime.run_tokens(requests), repeats, statistic="min", clock=clock))
         logger.info("staircase %d/%d: L=%d -> %.2f ms", index + 1, len(lengths_tokens), length, latencies[-1] * 1e3)
     return Staircase([int(x) for x in lengths_tokens], latencies, batch_size, backend)
 
 
 def measure_runtime_latencies(encoder: TextEncoder, max_length_tokens: int, batch_sizes: Sequence[int],
-                              backend: StaticBackend = "trace", repeats: int = 5) -> dict[int, float]:
+                              backend: StaticBackend = "trace", repeats: int = 5,
+                              clock=time.perf_counter) -> dict[int, float]:
     """Batch size -> seconds (minimum of `repeats`) of the runtime at `max_length_tokens`, one runtime per batch size."""
     result = {}
     for batch in batch_sizes:
