@@ -11,6 +11,10 @@ routed to independently by Serve; a model-parallel group is one serving unit who
 in order. One replica owning the bundles of its devices, with plain Ray actors for the stages, keeps a request's
 path through the stages inside the group and lets Serve route whole requests to whole groups.
 
+Text models run on the ConcatBatching path (TCB §4.1): the texts of a request are packed into rows of at most
+the model's input limit, with per-request positions and a block-diagonal attention mask; the group's stages run
+the encoder body and the replica pools each request's tokens. Vision models run their whole layer view.
+
 The hosted models are the replica's `user_config`; `reconfigure()` loads new models first, then stops routing
 to the dropped ones, drains their in-flight requests and frees them, all without restarting the replica.
 """
@@ -32,6 +36,8 @@ from ray.util import get_current_placement_group
 
 from models.layers import ActivationState
 from models.text_encoder import TextTokenizer, load_text_tokenizer
+from ops.concat_attention import block_diagonal_mask
+from ops.packing import pack_requests, pooled_embeddings
 from parallel.group_runtime import GroupFailedError, ModelParallelGroup
 from parallel.plan import ParallelPlan
 from parallel.stage_layers import ModelSource
@@ -108,7 +114,8 @@ class GroupReplica:
     def _start_model(self, spec: ModelSpec) -> HostedModel:
         tokenizer = load_text_tokenizer(spec.source) if spec.kind == "text" else None
         source = model_source(spec)
-        num_layers = _num_layers(source)
+        # Text: the stages run embeddings and blocks; pooling of packed rows happens here, per request.
+        num_layers = _num_layers(source) - (1 if spec.kind == "text" else 0)
         plan = ParallelPlan.even(num_layers, pipeline_stages=self.config.pipeline_stages, intra_op_degree=self.config.intra_op_degree)
         bundle_indices = None
         if self.placement_group is not None:
@@ -185,13 +192,16 @@ class GroupReplica:
             raise ValueError(f"model {model!r} is not a text model")
         limit = min(hosted.spec.max_input_length_tokens or hosted.tokenizer.max_length, hosted.tokenizer.max_length)
         hosted.tokenizer.check_token_ids(token_ids, limit)
-        batch = hosted.tokenizer.pad(token_ids)
-        state = ActivationState(hidden=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                extras={"token_type_ids": batch["token_type_ids"]})
+        batch = pack_requests(token_ids, row_length_tokens=limit, pad_token_id=hosted.tokenizer.pad_token_id)
+        state = ActivationState(
+            hidden=batch.input_ids, attention_mask=batch.attention_mask,
+            attention_bias=block_diagonal_mask(batch.segment_ids, "additive", torch.float32),
+            extras={"position_ids": batch.position_ids, "token_type_ids": batch.token_type_ids},
+        )
         metrics.batch_size().observe(len(token_ids), tags={"model": model})
-        real = int(batch["attention_mask"].sum())
-        metrics.padding_fraction().observe(1.0 - real / batch["attention_mask"].numel(), tags={"model": model})
-        return (await self._run(hosted, state)).hidden.tolist()
+        metrics.padding_fraction().observe(batch.padding_fraction, tags={"model": model})
+        hidden = (await self._run(hosted, state)).hidden
+        return pooled_embeddings(hidden, batch).tolist()
 
     async def classify(self, model: str, images: np.ndarray) -> list[dict]:
         hosted = self._hosted(model)
