@@ -20,46 +20,16 @@ from pathlib import Path
 logger = logging.getLogger("placement.cli")
 
 
-def _simulator_config(spec):
-    from placement.batching import MaxBatchWithinSLO
-    from placement.dispatch import make_dispatch
-    from placement.simulator import SimulatorConfig
-    sim = spec.simulation
-    return SimulatorConfig(
-        dispatch=make_dispatch(sim.dispatch, slo_admission=sim.slo_admission),
-        batching=MaxBatchWithinSLO(sim.max_batch_size) if sim.max_batch_size > 1 else None,
-        request_overhead_s=sim.request_overhead_ms / 1e3, response_overhead_s=sim.response_overhead_ms / 1e3,
-    )
-
-
 def _prepare(spec_path: str):
-    from placement.plan_spec import build_workload, load_plan_spec, model_names
+    from placement.plan_spec import load_plan_spec, prepare
     spec = load_plan_spec(spec_path)
-    base_dir = Path(spec_path).resolve().parent
-    profiles = spec.profiles.load(base_dir)
-    names = model_names(spec, profiles)
-    workload = build_workload(spec, profiles, names, base_dir)
-    logger.info("spec: %d models, %d devices, workload of %d requests over %.0f s", len(names),
-                spec.cluster.num_devices, len(workload), workload.duration_s)
-    return spec, profiles, names, workload
+    return (spec, *prepare(spec, Path(spec_path).resolve().parent))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from placement.baselines import round_robin, selective_replication
-    from placement.planner import PlannerConfig, plan
+    from placement.plan_spec import run_planner
     spec, profiles, names, workload = _prepare(args.spec)
-    p = spec.planner
-    config = PlannerConfig(beam_size=p.beam_size, fast=p.fast, replicas_per_round=p.replicas_per_round,
-                           screen_fraction=p.screen_fraction, max_group_devices=p.max_group_devices,
-                           simulator=_simulator_config(spec), name=p.name)
-    memory, devices = spec.cluster.device_memory_bytes, spec.cluster.num_devices
-    if p.name == "alpaserve":
-        placement = plan(names, profiles, workload, devices, memory, config)
-    elif p.name == "selective_replication":
-        placement = selective_replication(names, profiles, workload, devices, memory, config)
-    else:
-        placement = round_robin(names, profiles, workload, devices, memory, config.simulator)
-    placement = placement.normalize()
+    placement = run_planner(spec, profiles, names, workload)
     placement.save(args.output)
     print(placement.describe())
     print(f"search: {placement.stats.simulations} simulations, {placement.stats.candidates} candidates, "
@@ -68,6 +38,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from placement.plan_spec import simulator_config
     from placement.placement_plan import Placement
     from placement.simulator import simulate
     spec, profiles, names, workload = _prepare(args.spec)
@@ -75,7 +46,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     placement.check_memory(profiles, spec.cluster.device_memory_bytes)
     if placement.num_devices > spec.cluster.num_devices:
         raise ValueError(f"placement uses {placement.num_devices} devices, cluster.num_devices={spec.cluster.num_devices}")
-    result = simulate(placement, profiles, workload, _simulator_config(spec))
+    result = simulate(placement, profiles, workload, simulator_config(spec))
     summary = result.summary()
     print(summary.describe())
     if args.output:

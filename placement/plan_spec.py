@@ -8,6 +8,7 @@ Gamma process, or an Azure Functions trace), the SLOs, the cluster and the plann
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Literal
 
@@ -17,6 +18,8 @@ from placement.paper_profiles import TABLE1_MODELS, replicate_profiles, table1_m
 from placement.profiles import ProfileSet
 from placement.spec import ClusterSpec, format_validation_error
 from placement.workload import GammaProcess, ModelTraffic, PoissonProcess, Workload, generate_workload, power_law_popularity, uniform_popularity
+
+logger = logging.getLogger(__name__)
 
 
 class _Strict(BaseModel):
@@ -159,3 +162,44 @@ def build_workload(spec: PlanSpec, profiles: ProfileSet, names: list[str], base_
     return generate_workload(names, traffic, w.duration_s, seed=w.seed)
 
 
+
+
+def prepare(spec: PlanSpec, base_dir: Path) -> tuple[ProfileSet, list[str], Workload]:
+    """Profiles, model names and workload of a planning spec (relative paths are read from `base_dir`)."""
+    profiles = spec.profiles.load(base_dir)
+    names = model_names(spec, profiles)
+    workload = build_workload(spec, profiles, names, base_dir)
+    logger.info("spec: %d models, %d devices, workload of %d requests over %.0f s", len(names),
+                spec.cluster.num_devices, len(workload), workload.duration_s)
+    return profiles, names, workload
+
+
+def simulator_config(spec: PlanSpec):
+    """The simulated system a planning spec describes."""
+    from placement.batching import MaxBatchWithinSLO
+    from placement.dispatch import make_dispatch
+    from placement.simulator import SimulatorConfig
+    sim = spec.simulation
+    return SimulatorConfig(
+        dispatch=make_dispatch(sim.dispatch, slo_admission=sim.slo_admission),
+        batching=MaxBatchWithinSLO(sim.max_batch_size) if sim.max_batch_size > 1 else None,
+        request_overhead_s=sim.request_overhead_ms / 1e3, response_overhead_s=sim.response_overhead_ms / 1e3,
+    )
+
+
+def run_planner(spec: PlanSpec, profiles: ProfileSet, names: list[str], workload: Workload):
+    """Run the spec's planner (AlpaServe §4.2, or a baseline) and return the normalized placement."""
+    from placement.baselines import round_robin, selective_replication
+    from placement.planner import PlannerConfig, plan
+    p = spec.planner
+    config = PlannerConfig(beam_size=p.beam_size, fast=p.fast, replicas_per_round=p.replicas_per_round,
+                           screen_fraction=p.screen_fraction, max_group_devices=p.max_group_devices,
+                           simulator=simulator_config(spec), name=p.name)
+    memory, devices = spec.cluster.device_memory_bytes, spec.cluster.num_devices
+    if p.name == "alpaserve":
+        placement = plan(names, profiles, workload, devices, memory, config)
+    elif p.name == "selective_replication":
+        placement = selective_replication(names, profiles, workload, devices, memory, config)
+    else:
+        placement = round_robin(names, profiles, workload, devices, memory, config.simulator)
+    return placement.normalize()

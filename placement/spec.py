@@ -140,6 +140,14 @@ class DeploymentSpec(_Strict):
             seen.add(model.name)
         return models
 
+    planning: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            "Used when `placement` is absent: profiles, workload and planner knobs (placement/deployment_planning.py); "
+            "the app builder plans the placement with AlpaServe's planner before deploying."
+        ),
+    )
+
     @model_validator(mode="after")
     def _check_placement(self) -> "DeploymentSpec":
         if self.placement is None:

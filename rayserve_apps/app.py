@@ -81,9 +81,20 @@ def _bind_model(model: ModelSpec) -> Application:
     ).bind(model.model_dump(mode="json"))
 
 
+def resolve_placement(spec: DeploymentSpec) -> DeploymentSpec:
+    """The spec with its placement: given, or planned from its `planning` section (paths relative to the cwd)."""
+    if spec.placement is not None or spec.planning is None:
+        return spec
+    from placement.deployment_planning import plan_deployment
+
+    placement = plan_deployment(spec)
+    logger.info("planned placement:\n%s", placement.describe())
+    return parse_spec({**spec.model_dump(mode="json", exclude_none=True), "placement": placement.model_dump(mode="json")})
+
+
 def build_app(args: dict[str, Any] | DeploymentSpec) -> Application:
     """Ray Serve application builder: `import_path: rayserve_apps.app:build_app`, `args:` a deployment spec."""
-    spec = parse_spec(args)
+    spec = resolve_placement(parse_spec(args))
     ingress = Ingress.options(ray_actor_options={"num_cpus": spec.serving.num_cpus_ingress},
                               user_config=ingress_user_config(spec.placement, version=0))
     if spec.placement is not None:
