@@ -124,9 +124,9 @@ class DeploymentSpec(_Strict):
     placement: Placement | None = Field(
         default=None,
         description=(
-            "Device groups with their parallel configuration and hosted models (AlpaServe §4.2). When given, each "
-            "group becomes a group deployment running its models on the model-parallel runtime; when absent, each "
-            "model gets a replicated single-device deployment."
+            "Device groups with their parallel configuration and hosted models (AlpaServe §4.2). Each group becomes "
+            "a group deployment running its models on the model-parallel runtime; a model in no group (or every "
+            "model, without a placement) gets its own replicated single-device deployment."
         ),
     )
 
@@ -159,9 +159,6 @@ class DeploymentSpec(_Strict):
                 raise ValueError(f"placement.groups.{index}.models names unknown model(s) {unknown}")
             if not group.models:
                 raise ValueError(f"placement.groups.{index} hosts no model")
-        unplaced = sorted(names - self.placement.models())
-        if unplaced:
-            raise ValueError(f"placement hosts no group for model(s) {unplaced}")
         if self.placement.num_devices > self.cluster.num_devices:
             raise ValueError(f"placement uses {self.placement.num_devices} devices; cluster.num_devices is {self.cluster.num_devices}")
         return self

@@ -57,13 +57,17 @@ def ingress_user_config(placement: Placement | None, version: int) -> dict[str, 
     return {"placement": placement.model_dump(mode="json") if placement is not None else None, "placement_version": version}
 
 
-def _bind_group(spec: DeploymentSpec, index: int, group: GroupPlacement, version: int) -> Application:
+def _bundles(spec: DeploymentSpec, group: GroupPlacement) -> list[dict[str, float]]:
     num_cpus_per_device = max(spec.model(name).num_cpus_per_replica for name in group.models)
+    return group_bundles(group.num_devices, spec.cluster.device_resource, GROUP_REPLICA_NUM_CPUS, num_cpus_per_device)
+
+
+def _bind_group(spec: DeploymentSpec, index: int, group: GroupPlacement, version: int) -> Application:
     return GroupReplica.options(
         name=group_deployment_name(index),
         num_replicas=1,
         ray_actor_options={"num_cpus": GROUP_REPLICA_NUM_CPUS},
-        placement_group_bundles=group_bundles(group.num_devices, spec.cluster.device_resource, GROUP_REPLICA_NUM_CPUS, num_cpus_per_device),
+        placement_group_bundles=_bundles(spec, group),
         # A group's stages exchange activations every request: keep all its devices on one node.
         placement_group_strategy="STRICT_PACK",
         user_config=group_user_config(spec, group, version),
@@ -97,11 +101,12 @@ def build_app(args: dict[str, Any] | DeploymentSpec) -> Application:
     spec = resolve_placement(parse_spec(args))
     ingress = Ingress.options(ray_actor_options={"num_cpus": spec.serving.num_cpus_ingress},
                               user_config=ingress_user_config(spec.placement, version=0))
+    groups = []
     if spec.placement is not None:
-        check_placement_fits(spec)
+        resource = spec.cluster.device_resource
+        check_placement_fits(spec, [sum(b.get(resource, 0.0) for b in _bundles(spec, g)) for g in spec.placement.groups])
         groups = [_bind_group(spec, i, group, version=0) for i, group in enumerate(spec.placement.groups)]
-        logger.info("plexserve app: %d models on %d device groups", len(spec.models), len(groups))
-        return ingress.bind(spec.model_dump(mode="json"), group_handles=groups)
-    handles = {model.name: _bind_model(model) for model in spec.models}
-    logger.info("plexserve app: %d models (%s)", len(spec.models), ", ".join(handles))
-    return ingress.bind(spec.model_dump(mode="json"), model_handles=handles)
+    grouped = spec.placement.models() if spec.placement is not None else set()
+    handles = {model.name: _bind_model(model) for model in spec.models if model.name not in grouped}
+    logger.info("plexserve app: %d models, %d device groups, %d single-model deployments", len(spec.models), len(groups), len(handles))
+    return ingress.bind(spec.model_dump(mode="json"), model_handles=handles, group_handles=groups)

@@ -1,8 +1,9 @@
 """Where the ingress sends a validated request: per-model deployments, or device groups chosen by dispatch.
 
-`ModelDeploymentBackend` is used when the spec has no placement: each model has its own replicated deployment.
-`GroupBackend` is used with a placement: a `GroupDispatcher` picks the group (shortest queue with SLO admission
-by default, AlpaServe §4.3) and a request no group can finish in time is refused with 503 at once.
+`ModelDeploymentBackend` serves the models in no device group: each has its own replicated deployment.
+`GroupBackend` serves the models of a placement's groups: a `GroupDispatcher` picks the group (shortest queue
+with SLO admission by default, AlpaServe §4.3) and a request no group can finish in time is refused with 503 at
+once. `ModelRouterBackend` sends each model to the one of the two that serves it.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class ModelDeploymentBackend:
         return await getattr(self.handles[model], method).remote(payload)
 
     def describe(self) -> dict[str, Any]:
-        return {"mode": "per_model", "deployments": {model: f"model-{model}" for model in self.handles}}
+        return {"deployments": {model: f"model-{model}" for model in self.handles}}
 
 
 class GroupBackend:
@@ -80,5 +81,25 @@ class GroupBackend:
             self.dispatcher.finished(group, model, latency, ahead)
 
     def describe(self) -> dict[str, Any]:
-        return {"mode": "groups", "version": self.version, "placement": self.placement.model_dump(mode="json"),
-                "deployments": [f"group-{i}" for i in range(len(self.handles))]}
+        return {"version": self.version, "placement": self.placement.model_dump(mode="json"),
+                "group_deployments": [f"group-{i}" for i in range(len(self.handles))]}
+
+
+class ModelRouterBackend:
+    """Models hosted by device groups go to the groups; every other model to its own deployment."""
+
+    def __init__(self, groups: GroupBackend | None, singles: ModelDeploymentBackend):
+        self.groups = groups
+        self.singles = singles
+
+    async def call(self, model: str, method: str, payload: Any, deadline_s: float) -> Any:
+        if model in self.singles.handles or self.groups is None:
+            return await self.singles.call(model, method, payload, deadline_s)
+        return await self.groups.call(model, method, payload, deadline_s)
+
+    def describe(self) -> dict[str, Any]:
+        layout: dict[str, Any] = {"mode": "groups" if self.groups is not None else "per_model",
+                                  "single_model_deployments": self.singles.describe()["deployments"]}
+        if self.groups is not None:
+            layout.update(self.groups.describe())
+        return layout

@@ -69,11 +69,8 @@ def model_source(spec: ModelSpec) -> ModelSource:
 
 def group_bundles(num_devices: int, device_resource: str, replica_num_cpus: float, num_cpus_per_device: float) -> list[dict[str, float]]:
     """The placement-group bundles of a group replica: the replica, then one bundle per device."""
-    device_bundle = {device_resource: 1.0}
-    if device_resource != "CPU":
-        device_bundle["CPU"] = num_cpus_per_device
-    else:
-        device_bundle["CPU"] = max(1.0, num_cpus_per_device)
+    # With 'CPU' as the device resource (a single machine without accelerators), a device is a CPU share.
+    device_bundle = {"CPU": num_cpus_per_device} if device_resource == "CPU" else {device_resource: 1.0, "CPU": num_cpus_per_device}
     return [{"CPU": replica_num_cpus}] + [dict(device_bundle) for _ in range(num_devices)]
 
 

@@ -26,7 +26,7 @@ from models.text_encoder import TextTokenizer, load_text_tokenizer
 from placement.placement_plan import Placement
 from placement.spec import DeploymentSpec, ModelSpec, parse_spec
 from rayserve_apps import metrics
-from rayserve_apps.backends import Backend, GroupBackend, ModelDeploymentBackend
+from rayserve_apps.backends import Backend, GroupBackend, ModelDeploymentBackend, ModelRouterBackend
 from rayserve_apps.requests import (
     ImageContract,
     RequestError,
@@ -65,7 +65,8 @@ class Ingress:
                  group_handles: list[DeploymentHandle] | None = None):
         self.spec: DeploymentSpec = parse_spec(spec)
         self.group_handles = group_handles or []
-        self.backend: Backend = GroupBackend(self.spec, self.group_handles) if group_handles else ModelDeploymentBackend(model_handles or {})
+        self.groups = GroupBackend(self.spec, self.group_handles) if self.group_handles else None
+        self.backend: Backend = ModelRouterBackend(self.groups, ModelDeploymentBackend(model_handles or {}))
         self._answered: dict[str, int] = {}
         self._met: dict[str, int] = {}
         self.tokenizers: dict[str, TextTokenizer] = {
@@ -79,10 +80,10 @@ class Ingress:
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """Adopt a new placement (hosted models per group) without a restart; see `live_update.py`."""
         placement = user_config.get("placement")
-        if placement is None or not isinstance(self.backend, GroupBackend):
+        if placement is None or self.groups is None:
             return
-        self.backend.set_placement(Placement.model_validate(placement), int(user_config.get("placement_version", 0)))
-        metrics.placement_version().set(self.backend.version, tags={"group": "ingress"})
+        self.groups.set_placement(Placement.model_validate(placement), int(user_config.get("placement_version", 0)))
+        metrics.placement_version().set(self.groups.version, tags={"group": "ingress"})
 
     # ---- Python API (also what the HTTP routes call) ----
 

@@ -56,7 +56,7 @@ def spec_for(checkpoint: str, group_sizes: list[int]):
 
 def test_groups_land_on_nodes_with_their_devices(cluster):
     spec = spec_for(cluster["checkpoint"], [2, 1])
-    assert check_placement_fits(spec) == {0: cluster["two"], 1: cluster["one"]}
+    assert check_placement_fits(spec, [2, 1]) == {0: cluster["two"], 1: cluster["one"]}
     handle = serve.run(build_app(spec), name=APP_NAME, route_prefix=None, blocking=False)
     info0 = serve.get_deployment_handle("group-0", app_name=APP_NAME).info.remote().result(timeout_s=120)
     info1 = serve.get_deployment_handle("group-1", app_name=APP_NAME).info.remote().result(timeout_s=120)
@@ -72,7 +72,7 @@ def test_groups_land_on_nodes_with_their_devices(cluster):
 
 def test_placement_that_does_not_fit_is_refused_before_deploying(cluster):
     too_big = spec_for(cluster["checkpoint"], [3])  # no node has three devices
-    with pytest.raises(ValueError, match=r"placement\.groups\.0 needs 3 'plex_device' devices on one node.*\[2, 1, 0\]"):
+    with pytest.raises(ValueError, match=r"placement\.groups\.0 needs 3 'plex_device' on one node.*\[2\.0, 1\.0, 0\.0\]"):
         build_app(too_big)
     two_pairs = spec_for(cluster["checkpoint"], [2, 2])  # three devices in all, but not two pairs on single nodes
     with pytest.raises(ValueError, match=r"placement\.groups\.1 needs 2"):
