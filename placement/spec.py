@@ -21,6 +21,8 @@ MODEL_NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
 
 #: Default upper bound on an HTTP request body; larger bodies are refused with 413 before parsing.
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+#: Default bound on requests queued for one model's replicas before new ones are refused (503, overloaded).
+DEFAULT_MAX_QUEUED_REQUESTS = 256
 #: Default upper bound on the number of texts or images in one request.
 DEFAULT_MAX_ITEMS_PER_REQUEST = 256
 
@@ -63,8 +65,15 @@ class ModelSpec(_Strict):
     )
     num_replicas: int = Field(default=1, ge=1, le=64, description="Replicas of the model deployment.")
     num_cpus_per_replica: float = Field(default=0.5, gt=0, description="Logical CPUs reserved by each replica.")
-    max_batch_size: int = Field(default=16, ge=1, le=1024, description="Most requests executed in one forward pass.")
+    max_batch_size: int = Field(
+        default=16, ge=1, le=1024,
+        description="Vision models: most requests in one forward pass (text replicas bound a batch by their batching policy's rows x row_length_tokens).",
+    )
     batch_wait_timeout_ms: float = Field(default=5.0, ge=0, description="Longest a batch waits to fill, in milliseconds.")
+    max_queued_requests: int = Field(
+        default=DEFAULT_MAX_QUEUED_REQUESTS, ge=1,
+        description="Requests waiting for the model's replicas beyond which new ones are refused with 503 (load shedding).",
+    )
     policies: dict[str, "PolicySpec"] = Field(
         default_factory=dict,
         description="Per-model policies by role ('batching', 'token_adaptation', 'polymorphing', ...); override the spec-wide ones.",

@@ -24,7 +24,9 @@ from rayserve_apps.cluster_fit import check_placement_fits
 from rayserve_apps.group_deployment import GroupReplica, group_bundles
 from rayserve_apps.ingress import Ingress
 from rayserve_apps.model_router import ModelAwareRouter
-from rayserve_apps.text_deployment import TextModelDeployment
+from models.text_encoder import load_text_tokenizer
+from rayserve_apps.polymorph_runtime_deployment import bind_polymorph_model
+from rayserve_apps.text_deployment import TextModelDeployment, batching_scheduler_for
 from rayserve_apps.vision_deployment import VisionModelDeployment
 
 logger = logging.getLogger(__name__)
@@ -66,6 +68,7 @@ def _bind_group(spec: DeploymentSpec, index: int, group: GroupPlacement, version
     return GroupReplica.options(
         name=group_deployment_name(index),
         num_replicas=1,
+        max_queued_requests=sum(spec.model(name).max_queued_requests for name in group.models),
         ray_actor_options={"num_cpus": GROUP_REPLICA_NUM_CPUS},
         placement_group_bundles=_bundles(spec, group),
         # A group's stages exchange activations every request: keep all its devices on one node.
@@ -76,13 +79,24 @@ def _bind_group(spec: DeploymentSpec, index: int, group: GroupPlacement, version
     ).bind(group_deployment_name(index), group.num_devices, group.config.model_dump(), spec.cluster.device_resource)
 
 
-def _bind_model(model: ModelSpec) -> Application:
-    deployment = TextModelDeployment if model.kind == "text" else VisionModelDeployment
-    return deployment.options(
-        name=model_deployment_name(model.name),
-        num_replicas=model.num_replicas,
-        ray_actor_options={"num_cpus": model.num_cpus_per_replica},
-    ).bind(model.model_dump(mode="json"))
+def _bind_model(spec: DeploymentSpec, model: ModelSpec) -> Application:
+    """The single-model deployment of `model`: Arlo's polymorphing runtimes if its spec asks for them, else the
+    ConcatBatching text replica or the vision replica."""
+    name = model_deployment_name(model.name)
+    polymorphing = spec.policy("polymorphing", model.name)
+    if polymorphing is not None:
+        if model.kind != "text" or polymorphing.name != "arlo":
+            raise ValueError(f"models.{model.name}.policies.polymorphing: only 'arlo' for text models is available")
+        return bind_polymorph_model(model, polymorphing.params, name)
+    options = dict(name=name, num_replicas=model.num_replicas, max_queued_requests=model.max_queued_requests,
+                   ray_actor_options={"num_cpus": model.num_cpus_per_replica})
+    if model.kind == "text":
+        batching = spec.policy("batching", model.name)
+        limit = model.max_input_length_tokens or load_text_tokenizer(model.source).max_length
+        batching_scheduler_for(model, batching, limit)  # a bad batching parameter fails here, before deploying
+        return TextModelDeployment.options(**options).bind(model.model_dump(mode="json"),
+                                                           batching.model_dump(mode="json") if batching else None)
+    return VisionModelDeployment.options(**options).bind(model.model_dump(mode="json"))
 
 
 def resolve_placement(spec: DeploymentSpec) -> DeploymentSpec:
@@ -107,6 +121,6 @@ def build_app(args: dict[str, Any] | DeploymentSpec) -> Application:
         check_placement_fits(spec, [sum(b.get(resource, 0.0) for b in _bundles(spec, g)) for g in spec.placement.groups])
         groups = [_bind_group(spec, i, group, version=0) for i, group in enumerate(spec.placement.groups)]
     grouped = spec.placement.models() if spec.placement is not None else set()
-    handles = {model.name: _bind_model(model) for model in spec.models if model.name not in grouped}
+    handles = {model.name: _bind_model(spec, model) for model in spec.models if model.name not in grouped}
     logger.info("plexserve app: %d models, %d device groups, %d single-model deployments", len(spec.models), len(groups), len(handles))
     return ingress.bind(spec.model_dump(mode="json"), model_handles=handles, group_handles=groups)

@@ -20,6 +20,7 @@ from typing import Any, Awaitable, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from ray import serve
+from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 
 from models.text_encoder import TextTokenizer, load_text_tokenizer
@@ -125,6 +126,10 @@ class Ingress:
         except RequestError as error:
             metrics.requests_total().inc(tags={"model": model, "outcome": "rejected" if error.status_code == 503 else "invalid"})
             raise
+        except BackPressureError:
+            metrics.rejections_total().inc(tags={"model": model, "reason": "overloaded"})
+            metrics.requests_total().inc(tags={"model": model, "outcome": "rejected"})
+            raise
         except Exception:
             metrics.requests_total().inc(tags={"model": model, "outcome": "failed"})
             raise
@@ -151,6 +156,9 @@ class Ingress:
             return JSONResponse(await call(payload))
         except RequestError as error:
             return JSONResponse(error.to_json(), status_code=error.status_code)
+        except BackPressureError as error:  # the model's queue is full: shed load, never hang
+            body = RequestError(503, "overloaded", f"the model's replicas are saturated; retry later ({error})").to_json()
+            return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
         except ValueError as error:  # a replica's own check (e.g. a handle caller's bad ids) surfaced here
             return JSONResponse(RequestError(422, "invalid_input", str(error)).to_json(), status_code=422)
         except Exception as error:  # noqa: BLE001 - a failed replica must not become a 500 without a body

@@ -15,6 +15,8 @@ from ray.serve.metrics import Counter, Gauge, Histogram
 BATCH_SIZE_BOUNDARIES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 #: Histogram buckets of fractions in [0, 1] (padding).
 FRACTION_BOUNDARIES = [0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
+#: Histogram buckets of tokens per batch.
+BATCH_TOKENS_BOUNDARIES = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 #: Histogram buckets of end-to-end latency in milliseconds.
 LATENCY_MS_BOUNDARIES = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000]
 
@@ -69,3 +71,21 @@ def padding_fraction() -> Histogram:
 def placement_version() -> Gauge:
     return Gauge("plexserve_placement_version", description="Version of the placement a group (or the ingress) runs.",
                  tag_keys=("group",))
+
+
+@cache
+def batch_tokens() -> Histogram:
+    return Histogram("plexserve_batch_tokens", description="Real (non-padding) tokens per ConcatBatching forward pass.",
+                     boundaries=BATCH_TOKENS_BOUNDARIES, tag_keys=("model",))
+
+
+@cache
+def batch_utility_total() -> Counter:
+    return Counter("plexserve_batch_utility_total", description="TCB utility (sum of 1/length of texts run), by model.",
+                   tag_keys=("model",))
+
+
+@cache
+def dropped_requests_total() -> Counter:
+    return Counter("plexserve_dropped_requests_total", description="Texts dropped because their deadline passed while waiting.",
+                   tag_keys=("model",))

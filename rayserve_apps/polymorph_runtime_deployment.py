@@ -120,7 +120,11 @@ class PolymorphRuntimeDeployment:
                 KEY_OUTSTANDING: self.outstanding}
 
     # --- serving ------------------------------------------------------------------------------------------------
-    async def embed_token_ids(self, token_ids: list[list[int]]) -> dict:
+    async def embed_token_ids(self, token_ids: list[list[int]]) -> list[list[float]]:
+        """Embeddings of tokenized texts, in input order (the interface of every text deployment)."""
+        return (await self.embed_with_runtime(token_ids))["embeddings"]
+
+    async def embed_with_runtime(self, token_ids: list[list[int]]) -> dict:
         """Embeddings of tokenized texts and the runtime length that served them; ValueError for bad input."""
         if not isinstance(token_ids, list) or not token_ids or not all(isinstance(ids, list) and ids for ids in token_ids):
             raise ValueError("token_ids must be a non-empty list of non-empty token id lists")

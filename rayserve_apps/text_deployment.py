@@ -19,11 +19,9 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any
 
 from ray import serve
-from ray.serve.metrics import Counter, Histogram
 
 from models.packed_text import PackedTextEncoder
 from models.text_encoder import load_text_encoder
@@ -41,28 +39,6 @@ DEFAULT_BATCHING_POLICY = "das"
 MAX_ONGOING_REQUESTS = 256
 #: How long the loop waits before re-checking a queue the scheduler could not take anything from, in seconds.
 IDLE_RECHECK_S = 0.01
-#: Histogram buckets of tokens per batch.
-BATCH_TOKENS_BOUNDARIES = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
-
-
-@cache
-def batch_tokens() -> Histogram:
-    return Histogram("plexserve_batch_tokens", description="Real (non-padding) tokens per ConcatBatching forward pass.",
-                     boundaries=BATCH_TOKENS_BOUNDARIES, tag_keys=("model",))
-
-
-@cache
-def batch_utility_total() -> Counter:
-    return Counter("plexserve_batch_utility_total", description="TCB utility (sum of 1/length of texts run), by model.",
-                   tag_keys=("model",))
-
-
-@cache
-def dropped_requests_total() -> Counter:
-    return Counter("plexserve_dropped_requests_total", description="Texts dropped because their deadline passed while waiting.",
-                   tag_keys=("model",))
-
-
 def batching_scheduler_for(model: ModelSpec, policy: PolicySpec | dict | None, limit_tokens: int) -> BatchScheduler:
     """The model's batch scheduler; ValueError naming the field for a bad policy.
 
@@ -186,7 +162,7 @@ class TextModelDeployment:
     def _drop(self, decision: BatchDecision) -> None:
         if not decision.dropped:
             return
-        dropped_requests_total().inc(len(decision.dropped), tags={"model": self.spec.name})
+        metrics.dropped_requests_total().inc(len(decision.dropped), tags={"model": self.spec.name})
         self._totals["dropped"] += len(decision.dropped)
         for request in decision.dropped:
             call = self._calls.get(request.request_id[0])
@@ -207,10 +183,10 @@ class TextModelDeployment:
         output = await asyncio.to_thread(self.packed.embed_packed, batch)
         embeddings = output.embeddings.tolist()
         tags = {"model": self.spec.name}
-        batch_tokens().observe(batch.real_tokens, tags=tags)
+        metrics.batch_tokens().observe(batch.real_tokens, tags=tags)
         metrics.padding_fraction().observe(batch.padding_fraction, tags=tags)
         metrics.batch_size().observe(batch.num_requests, tags=tags)
-        batch_utility_total().inc(decision.utility, tags=tags)
+        metrics.batch_utility_total().inc(decision.utility, tags=tags)
         for key, value in (("batches", 1), ("texts", batch.num_requests), ("real_tokens", batch.real_tokens),
                            ("computed_tokens", batch.computed_tokens)):
             self._totals[key] += value

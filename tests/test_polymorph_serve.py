@@ -34,10 +34,10 @@ def handle(ray_serve):
 
 def test_short_requests_land_on_short_runtime_and_long_on_long(handle):
     for _ in range(4):
-        result = handle.embed_token_ids.remote(tokens(10)).result(timeout_s=60)
+        result = handle.embed_with_runtime.remote(tokens(10)).result(timeout_s=60)
         assert result["served_by_max_length_tokens"] == SHORT_RUNTIME
         assert len(result["embeddings"][0]) == 384
-    assert handle.embed_token_ids.remote(tokens(40)).result(timeout_s=60)["served_by_max_length_tokens"] == LONG_RUNTIME
+    assert handle.embed_with_runtime.remote(tokens(40)).result(timeout_s=60)["served_by_max_length_tokens"] == LONG_RUNTIME
 
 
 def test_congested_short_runtime_demotes_to_long_runtime(handle):
@@ -46,7 +46,7 @@ def test_congested_short_runtime_demotes_to_long_runtime(handle):
 
     responses = []
     for _ in range(8):
-        responses.append(handle.embed_token_ids.remote(tokens(10, texts=16)))
+        responses.append(handle.embed_with_runtime.remote(tokens(10, texts=16)))
         time.sleep(0.05)  # arrivals 50 ms apart, each request runs far longer
     served = [r.result(timeout_s=120)["served_by_max_length_tokens"] for r in responses]
     assert served.count(SHORT_RUNTIME) >= 2  # the ideal runtime takes what it can ...
@@ -55,13 +55,13 @@ def test_congested_short_runtime_demotes_to_long_runtime(handle):
 
 def test_too_long_request_is_rejected_with_limit(handle):
     with pytest.raises(Exception, match="exceeds the longest runtime"):
-        handle.embed_token_ids.remote(tokens(70)).result(timeout_s=60)
+        handle.embed_with_runtime.remote(tokens(70)).result(timeout_s=60)
 
 
 def test_allocation_update_keeps_in_flight_requests(handle):
     from rayserve_apps.polymorph_runtime_deployment import PolymorphUserConfig, allocation_update
 
-    in_flight = [handle.embed_token_ids.remote(tokens(10, texts=6)) for _ in range(4)]
+    in_flight = [handle.embed_with_runtime.remote(tokens(10, texts=6)) for _ in range(4)]
     num_replicas, user_config = allocation_update({0: SHORT_RUNTIME, 1: LONG_RUNTIME}, {LONG_RUNTIME: 2}, version=2)
     assignment = PolymorphUserConfig.model_validate(user_config).assignment
     assert num_replicas == 2 and assignment == {0: LONG_RUNTIME, 1: LONG_RUNTIME}
@@ -71,7 +71,7 @@ def test_allocation_update_keeps_in_flight_requests(handle):
 
     time.sleep(1.5)  # routing stats (period 0.5 s) carry the new runtime to the router
     for _ in range(3):
-        assert new_handle.embed_token_ids.remote(tokens(10)).result(timeout_s=60)["served_by_max_length_tokens"] == LONG_RUNTIME
+        assert new_handle.embed_with_runtime.remote(tokens(10)).result(timeout_s=60)["served_by_max_length_tokens"] == LONG_RUNTIME
 
 
 def test_polymorphing_params_are_validated_by_field():
