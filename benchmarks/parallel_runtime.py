@@ -13,7 +13,8 @@ thread per actor, and measures side by side:
 
 Final JSON line: `pipeline2_throughput_ratio` (2 stages vs 1: median over rounds, the smaller of the two models),
 `max_prediction_error` (relative, over latency and throughput of every configuration), `max_abs_diff`,
-and the figures per model and configuration. A PNG of measured vs predicted throughput goes to benchmarks/out/.
+the CPU scaling of 2 processes vs 1 measured before and after (the ceiling of any 2-actor speed-up on this
+machine at that time), and the figures per model and configuration. A PNG of measured vs predicted throughput goes to benchmarks/out/.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ from placement.profiles import ParallelConfig  # noqa: E402
 log = setup_logging("parallel_runtime")
 
 RAY_NUM_CPUS = 4
+#: The CPU-scaling probe: single-thread matmuls of this size for this many seconds, in 1 then 2 processes.
+CEILING_MATRIX_SIZE = 256
+CEILING_SECONDS = 3.0
 BATCH_SIZE = 1
 TEXT_SEQ_LEN_TOKENS = 64
 VIT_ARCH = "vit_small_patch16_224"
@@ -146,6 +150,34 @@ def bench_model(source: ModelSource, comm, args, figures: dict) -> None:
     figures[source.name] = results
 
 
+def _matmul_loop(seconds: float, queue) -> None:
+    torch.set_num_threads(1)
+    a = torch.randn(CEILING_MATRIX_SIZE, CEILING_MATRIX_SIZE)
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ a
+        count += 1
+    queue.put(count)
+
+
+def two_process_cpu_scaling(seconds: float = CEILING_SECONDS) -> float:
+    """Aggregate single-thread matmul throughput of 2 concurrent processes over that of 1: the most any 2-actor
+    pipeline can gain on this machine right now (2.0 on two idle cores; ~1.0 when others hold one core)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    totals = []
+    for count in (1, 2):
+        queue = context.Queue()
+        processes = [context.Process(target=_matmul_loop, args=(seconds, queue)) for _ in range(count)]
+        for process in processes:
+            process.start()
+        totals.append(sum(queue.get() for _ in processes))
+        for process in processes:
+            process.join()
+    return totals[1] / totals[0]
+
+
 def plot(figures: dict) -> Path:
     import matplotlib
 
@@ -177,6 +209,8 @@ def main() -> None:
     args.throughput_requests = 12 if args.quick else 40
     args.rounds = 3 if args.quick else 5
     torch.set_num_threads(1)
+    scaling_before = two_process_cpu_scaling()
+    log.info("2 processes vs 1 on this machine now: %.2fx aggregate matmul throughput", scaling_before)
     ray.init(num_cpus=RAY_NUM_CPUS, include_dashboard=False, log_to_driver=False)
     figures: dict = {}
     try:
@@ -190,6 +224,8 @@ def main() -> None:
                 bench_model(source, comm, args, figures)
     finally:
         ray.shutdown()
+    scaling_after = two_process_cpu_scaling()
+    log.info("2 processes vs 1 after the runs: %.2fx", scaling_after)
     png = plot(figures)
     configs = [r[label] for r in figures.values() for label in CONFIGS]
     errors = [c[k] for c in configs for k in ("latency_error", "throughput_error")]
@@ -199,6 +235,7 @@ def main() -> None:
         "pipeline2_throughput_ratio_per_model": ratios,
         "max_prediction_error": max(errors),
         "max_abs_diff": max(c["max_abs_diff"] for c in configs),
+        "two_process_cpu_scaling_before_after": [scaling_before, scaling_after],
         "device": device_description(),
         "comm": LayerProfileSet(device=device_description(), comm=comm).comm.model_dump(),
         "models": figures,

@@ -17,7 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from models.layers import ActivationState, Layer, parameter_bytes
+from models.layers import ActivationState, Layer
 from parallel.tensor_parallel import (BlockShardingPlan, Collectives, TensorParallelBlock, TensorParallelBlockLayer,
                                       bert_block_parts, vit_block_parts)
 
@@ -137,10 +137,6 @@ def _unique_parameter_bytes(module: nn.Module) -> int:
         seen.add(id(tensor))
         total += tensor.numel() * tensor.element_size()
     return total
-
-
-def layer_weight_bytes(layer: Layer) -> int:
-    return parameter_bytes(layer)
 
 
 #: Token ids drawn for synthetic text inputs stay above the special tokens of BERT vocabularies.

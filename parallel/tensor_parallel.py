@@ -21,7 +21,6 @@ The shard modules are plain torch: collectives come from a `Collectives` object,
 
 from __future__ import annotations
 
-import math
 import threading
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -320,17 +319,3 @@ class TensorParallelBlockLayer(Layer):
         return ActivationState(hidden=hidden, attention_mask=state.attention_mask,
                                attention_bias=state.attention_bias, extras=state.extras)
 
-
-def linear_flops(linear: nn.Linear | torch.Tensor, tokens: int) -> float:
-    """Multiply-adds x 2 of a linear layer over `tokens` rows."""
-    weight = linear.weight if isinstance(linear, nn.Module) else linear
-    return 2.0 * tokens * weight.shape[0] * weight.shape[1]
-
-
-def attention_core_flops(parts: BlockParts, tokens_per_sequence: int, sequences: int) -> float:
-    """QK^T and attention x V over all heads."""
-    return 4.0 * sequences * parts.num_heads * parts.head_dim * tokens_per_sequence ** 2
-
-
-def is_power_of_two(value: int) -> bool:
-    return value >= 1 and math.log2(value).is_integer()
