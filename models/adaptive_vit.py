@@ -98,12 +98,18 @@ def _attention_with_size(attn: Attention, x: torch.Tensor, size: torch.Tensor | 
     return out, k.mean(dim=1)
 
 
-def merging_block_forward(block: Block, x: torch.Tensor, size: torch.Tensor, r: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """One block with ToMe merging between attention and MLP (OTAS Fig. 6, gamma < 0)."""
+def merging_block_forward(block: Block, x: torch.Tensor, size: torch.Tensor | None, r: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One block with ToMe merging between attention and MLP (OTAS Fig. 6, gamma < 0).
+
+    `size` None means every token is one patch (nothing merged yet): the attention then needs no log-size bias and
+    takes the same fused kernel as timm's own block.
+    """
     attn_out, keys = _attention_with_size(block.attn, block.norm1(x), size)
     x = x + block.drop_path1(block.ls1(attn_out))
     merge = bipartite_soft_matching(keys, r, class_token=True)
     if merge is not None:
+        if size is None:
+            size = torch.ones(x.shape[0], x.shape[1], 1, dtype=x.dtype, device=x.device)
         x, size = merge_weighted_average(merge, x, size)
     x = x + block.drop_path2(block.ls2(block.mlp(block.norm2(x))))
     return x, size
@@ -159,7 +165,7 @@ class AdaptiveViT(nn.Module):
             for block in self.vit.blocks:
                 x = block(x)
         elif gamma < 0:
-            size = torch.ones(x.shape[0], x.shape[1], 1, dtype=x.dtype, device=x.device)
+            size = None
             for block in self.vit.blocks:
                 x, size = merging_block_forward(block, x, size, -gamma)
         else:

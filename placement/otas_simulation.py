@@ -110,8 +110,6 @@ def simulate(trace: list[TraceQuery], scheduler: OtasScheduler, profile: OtasPro
         if not upcoming:
             break
         now = max(now, min(upcoming))
-        if not upcoming or (index >= len(trace) and busy_until <= now and not scheduler.queue):
-            break
     scheduler.drain()
     max_utility = sum(q.query_type.utility for q in trace)
     switches = getattr(scheduler.allocator, "switches", 0)

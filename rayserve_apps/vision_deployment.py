@@ -23,7 +23,6 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any, Callable
 
@@ -48,7 +47,6 @@ TOKEN_ADAPTATION_ROLE = "token_adaptation"
 OTAS_POLICY_NAME = "otas"
 #: How long the OTAS executor waits before re-planning when nothing is runnable but queries are queued, seconds.
 OTAS_IDLE_RECHECK_S = 0.005
-GAMMA_BOUNDARIES = [-16.5, -12.5, -8.5, -4.5, -0.5, 0.5, 2.5, 4.5, 8.5]
 BATCH_SIZE_BOUNDARIES = [1, 2, 4, 8, 16, 32, 64, 128]
 
 
@@ -83,11 +81,13 @@ class OtasMetrics:
     """plexserve_otas_* metrics of one model (Ray Serve adds the replica tags)."""
 
     def __init__(self, model: str):
-        from ray.serve.metrics import Counter, Histogram
+        from ray.serve.metrics import Counter, Gauge, Histogram
 
         self.tags = {"model": model}
-        self.gamma = _metric(Histogram, "plexserve_otas_gamma", description="Gamma chosen per batch (tokens per layer: <0 merged, >0 prompts).",
-                             boundaries=GAMMA_BOUNDARIES, tag_keys=("model",))
+        # Ray histograms need positive boundaries, so the gamma selection is a counter of batches per gamma.
+        self.gamma = _metric(Counter, "plexserve_otas_batches_total", description="Batches run, by the gamma chosen (tokens per layer: <0 merged, >0 prompts).",
+                             tag_keys=("model", "gamma"))
+        self.last_gamma = _metric(Gauge, "plexserve_otas_gamma", description="Gamma of the latest batch.", tag_keys=("model",))
         self.batch_size = _metric(Histogram, "plexserve_otas_batch_size", description="Queries per OTAS batch.",
                                   boundaries=BATCH_SIZE_BOUNDARIES, tag_keys=("model",))
         self.utility = _metric(Counter, "plexserve_otas_utility_total", description="Expected utility earned (u_r x profiled accuracy, in time).",
@@ -96,7 +96,8 @@ class OtasMetrics:
                                 tag_keys=("model", "outcome"))
 
     def batch(self, gamma: int, size: int) -> None:
-        self.gamma.observe(gamma, tags=self.tags)
+        self.gamma.inc(1, tags={**self.tags, "gamma": str(gamma)})
+        self.last_gamma.set(gamma, tags=self.tags)
         self.batch_size.observe(size, tags=self.tags)
 
     def outcome(self, outcome: str, count: int, utility: float = 0.0) -> None:
@@ -106,9 +107,14 @@ class OtasMetrics:
             self.utility.inc(utility, tags=self.tags)
 
 
-@cache
+_METRICS: dict[str, Any] = {}
+
+
 def _metric(kind, name: str, **kwargs):
-    return kind(name, **kwargs)
+    """One metric object per name and process (a replica never redefines a metric with other tag keys)."""
+    if name not in _METRICS:
+        _METRICS[name] = kind(name, **kwargs)
+    return _METRICS[name]
 
 
 class OtasExecutor:

@@ -83,7 +83,7 @@ def test_prompts_replace_the_previous_layers_prompt_outputs(model, images):
     assert (features - model.pooled_features(images, 0)).abs().max() > 1e-3  # prompts do change the result (>> 1e-5)
     # Every layer's own prompts matter (the last layer's too).
     changed = prompts.clone()
-    changed[:, -1] += 1.0
+    changed[:, -1] += torch.randn_like(changed[:, -1])  # (a constant shift would vanish in LayerNorm)
     assert (model.pooled_features(images, 3, changed) - features).abs().max() > 1e-3
 
 

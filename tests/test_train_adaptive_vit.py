@@ -160,3 +160,33 @@ def test_otas_executor_evicts_hopeless_queries_and_names_bad_fields(registry, ex
         asyncio.run(executor.classify(images[:1], slo_ms=-1))
     with pytest.raises(ValueError, match="batching.epsilon"):
         parse_otas_params({"batching": {"epsilon": 0}})
+
+
+@pytest.mark.ray
+@pytest.mark.skipif(not (DIGITS_ARTIFACTS_DIR / "profile.json").exists(), reason="digits artefacts not trained yet")
+def test_vision_replica_runs_otas_on_the_trained_digits_model(ray_serve):
+    import requests
+    from ray import serve
+
+    from rayserve_apps import APP_NAME, build_app
+
+    spec = {"models": [{
+        "name": "digits", "kind": "vision", "source": "timm:vit_tiny_patch16_224", "num_classes": 10, "image_size_px": 32,
+        "in_chans": 1, "slo_ms": 30_000, "num_cpus_per_replica": 0.5,
+        "policies": {"token_adaptation": {"name": "otas", "params": {"default_task": "digit"}}},
+    }]}
+    serve.run(build_app(spec), name=APP_NAME, route_prefix="/", blocking=False)
+    try:
+        _, held_out = load_digits_splits()
+        images = held_out.images[:4]
+        response = requests.post(f"{ray_serve}/v1/models/digits/classify", json={"images": images.tolist()}, timeout=120)
+        assert response.status_code == 200, response.text
+        predictions = response.json()["predictions"]
+        registry = TaskRegistry.load(DIGITS_ARTIFACTS_DIR)
+        for prediction, image in zip(predictions, images):
+            assert prediction["task"] == "digit" and prediction["gamma"] in registry.gamma_list
+            assert prediction["label"] == registry.predict(image[None], ["digit"], prediction["gamma"])[0]
+        bad = requests.post(f"{ray_serve}/v1/models/digits/classify", json={"images": torch.zeros(1, 3, 32, 32).tolist()}, timeout=60)
+        assert bad.status_code == 422
+    finally:
+        serve.delete(APP_NAME)
