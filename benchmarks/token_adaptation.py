@@ -64,6 +64,7 @@ QUICK_SEGMENTS, FULL_SEGMENTS = 40, 200
 QUICK_SEEDS, FULL_SEEDS = [0], [0, 1, 2]
 QUICK_LATENCY_BATCH_SIZES = [1, 4, 8, 16, 32]
 DP_LABELS_PER_CELL = 8
+BENCH_QUICK_REPEATS = 3  # latency repeats in --quick (the median of 3 resists a shared machine better than 2)
 
 
 def measure_profile(registry: TaskRegistry, artifacts: Path, quick: bool, log) -> OtasProfile:
@@ -78,7 +79,7 @@ def measure_profile(registry: TaskRegistry, artifacts: Path, quick: bool, log) -
     batch_sizes = QUICK_LATENCY_BATCH_SIZES if quick else DEFAULT_BATCH_SIZES
     log.info("measuring latency for gammas %s and batch sizes %s", registry.gamma_list, batch_sizes)
     latency = profile_latency(registry, held_out.images, registry.gamma_list, batch_sizes,
-                              QUICK_REPEATS if quick else DEFAULT_REPEATS)
+                              BENCH_QUICK_REPEATS if quick else DEFAULT_REPEATS)
     return OtasProfile(source=f"{artifacts} (benchmark run)", device=device_description(),
                        gamma_list=registry.gamma_list, batch_sizes=batch_sizes, latency_s=latency, accuracy=accuracy,
                        model_load_s=measure_load_s(artifacts, registry))
