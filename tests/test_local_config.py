@@ -1,0 +1,72 @@
+"""configs/local.yaml end to end: every model answers over HTTP and through handles, as `serve run` deploys it.
+
+The config is applied declaratively (as `serve run CONFIG` and `serve deploy` do) onto a local Ray whose CPUs
+stand in for the config's CPU-share devices. Text outputs equal the single-process model's; the adaptive ViT
+answers with its profiled gamma and the label the unified model gives at that gamma.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import torch
+import torch.nn.functional as F
+import yaml
+from ray import serve
+
+from models import load_text_encoder
+from models.task_registry import DIGITS_ARTIFACTS_DIR, TaskRegistry
+from placement.spec import parse_spec
+from rayserve_apps.live_update import apply_config
+
+pytestmark = pytest.mark.ray
+
+CONFIG = Path(__file__).resolve().parent.parent / "configs" / "local.yaml"
+TEXTS = ["plexserve serves many transformer models", "word " * 100]
+
+
+@pytest.fixture(scope="module")
+def local_app(ray_serve):
+    config = yaml.safe_load(CONFIG.read_text())
+    app = config["applications"][0]
+    # Generous SLOs: this test checks answers, not deadlines, and CI machines may be busy.
+    for model in app["args"]["models"]:
+        model["slo_ms"] = 120_000
+    apply_config([app], {"host": "127.0.0.1", "port": int(ray_serve.rsplit(":", 1)[1])})
+    yield {"url": ray_serve, "spec": parse_spec(app["args"]), "handle": serve.get_app_handle(app["name"])}
+    serve.delete(app["name"])
+
+
+def test_every_model_is_listed_and_placed(local_app):
+    models = requests.get(f"{local_app['url']}/v1/models", timeout=60).json()["models"]
+    assert {m["name"] for m in models} == {"minilm", "minilm-64", "digits-vit"}
+    layout = requests.get(f"{local_app['url']}/v1/placement", timeout=60).json()
+    assert layout["groups"][0]["models"] == ["minilm", "minilm-64"]
+    assert list(layout["single_model_deployments"]) == ["digits-vit"]
+
+
+def test_text_models_equal_the_single_process_model(local_app):
+    direct = load_text_encoder()
+    for model, truncate_to in (("minilm", None), ("minilm-64", 64)):
+        http = requests.post(f"{local_app['url']}/v1/models/{model}/embed", json={"texts": TEXTS}, timeout=120)
+        assert http.status_code == 200, http.text
+        by_handle = local_app["handle"].embed.remote(model, TEXTS).result(timeout_s=120)["embeddings"]
+        expected = direct.embed_token_ids(direct.text_tokenizer.encode(TEXTS, truncate_to=truncate_to))
+        for served in (torch.tensor(http.json()["embeddings"]), torch.tensor(by_handle)):
+            assert (F.cosine_similarity(served, expected, dim=1) >= 0.9999).all()
+
+
+def test_adaptive_vit_answers_over_http_and_handle(local_app):
+    from models.train_adaptive_vit import load_digits_splits
+
+    _, held_out = load_digits_splits()
+    images = held_out.images[:4]
+    registry = TaskRegistry.load(DIGITS_ARTIFACTS_DIR)
+    http = requests.post(f"{local_app['url']}/v1/models/digits-vit/classify", json={"images": images.tolist()}, timeout=120)
+    assert http.status_code == 200, http.text
+    by_handle = local_app["handle"].classify.remote("digits-vit", np.asarray(images).tolist()).result(timeout_s=120)
+    for predictions in (http.json()["predictions"], by_handle["predictions"]):
+        for prediction, image in zip(predictions, images):
+            assert prediction["gamma"] in registry.gamma_list
+            assert prediction["label"] == registry.predict(image[None], ["digit"], prediction["gamma"])[0]
