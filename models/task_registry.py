@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from models.adaptive_vit import AdaptiveViT, AdaptiveVitConfig, load_backbone
+from models.vit import check_image_batch
 
 logger = logging.getLogger(__name__)
 
@@ -108,15 +109,7 @@ class TaskRegistry:
     # ---- queries ------------------------------------------------------------------------------------------------
     def check_images(self, images: torch.Tensor) -> None:
         """Raise ValueError naming the expected shape/dtype when `images` is not a batch this model takes."""
-        expected = (self.config.in_chans, self.config.image_size_px, self.config.image_size_px)
-        if not isinstance(images, torch.Tensor):
-            raise ValueError(f"images must be a tensor, got {type(images).__name__}")
-        if images.dtype not in (torch.float32, torch.float64):
-            raise ValueError(f"images must be float32, got {images.dtype}")
-        if images.dim() != 4 or tuple(images.shape[1:]) != expected:
-            raise ValueError(f"images must have shape [N, {expected[0]}, {expected[1]}, {expected[2]}], got {list(images.shape)}")
-        if not torch.isfinite(images).all():
-            raise ValueError("images contain NaN or infinite values")
+        check_image_batch(images, (self.config.in_chans, self.config.image_size_px, self.config.image_size_px))
 
     def make_query(self, task_id: str, image: torch.Tensor, arrival_s: float, slo_ms: float, utility: float) -> Query:
         """OTAS "Make Query": validate the task, the image, the latency requirement and the utility."""

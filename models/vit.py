@@ -36,6 +36,18 @@ def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def check_image_batch(images: torch.Tensor, expected: tuple[int, int, int]) -> None:
+    """Raise ValueError naming the expected shape when `images` is not a float [N, C, H, W] batch of `expected`."""
+    if not isinstance(images, torch.Tensor):
+        raise ValueError(f"images must be a tensor, got {type(images).__name__}")
+    if images.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"images must be float32, got {images.dtype}")
+    if images.dim() != 4 or tuple(images.shape[1:]) != tuple(expected):
+        raise ValueError(f"images must have shape [N, {expected[0]}, {expected[1]}, {expected[2]}], got {list(images.shape)}")
+    if not torch.isfinite(images).all():
+        raise ValueError("images contain NaN or infinite values")
+
+
 class VitEmbeddingsLayer(Layer):
     """Patch embedding, class token, position embedding (timm's `_pos_embed`), and the pre-norm."""
 
@@ -99,13 +111,7 @@ class VisionClassifier:
 
     def check_images(self, images: torch.Tensor) -> None:
         """Raise ValueError naming the expected shape when `images` is not [N, C, H, W] float of this model."""
-        expected = (self.in_chans, *self.image_size)
-        if images.dtype not in (torch.float32, torch.float64):
-            raise ValueError(f"images must be float32, got {images.dtype}")
-        if images.dim() != 4 or tuple(images.shape[1:]) != expected:
-            raise ValueError(f"images must have shape [N, {expected[0]}, {expected[1]}, {expected[2]}], got {list(images.shape)}")
-        if not torch.isfinite(images).all():
-            raise ValueError("images contain NaN or infinite values")
+        check_image_batch(images, (self.in_chans, *self.image_size))
 
     @torch.inference_mode()
     def logits(self, images: torch.Tensor) -> torch.Tensor:

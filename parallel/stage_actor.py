@@ -10,6 +10,7 @@ only shard 0 returns it.
 from __future__ import annotations
 
 import datetime
+from collections import deque
 import gc
 import logging
 import os
@@ -26,6 +27,8 @@ from parallel.tensor_parallel import Collectives, NoCollectives, ProcessGroupCol
 
 logger = logging.getLogger(__name__)
 
+#: Forward calls whose timing an actor keeps (for pipelining checks and benchmarks).
+CALL_LOG_LENGTH = 1024
 #: How long a collective may wait for a peer shard before gloo gives up (a dead peer surfaces as an error).
 COLLECTIVE_TIMEOUT_S = 60
 
@@ -51,7 +54,8 @@ class StageShard:
         self.weight_bytes = 0
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         #: (start, end) wall-clock seconds of every forward call, for checking that stages overlap.
-        self.calls: list[tuple[float, float]] = []
+        #: (start, end) wall times of the latest forward calls; bounded so a long-running server does not grow.
+        self.calls: deque[tuple[float, float]] = deque(maxlen=CALL_LOG_LENGTH)
 
     def rendezvous_address(self) -> tuple[str, int]:
         """This actor's node address and a free port on it, for the stage's process group."""

@@ -25,7 +25,7 @@ DEFAULT_DISPATCH = "shortest_queue"
 
 
 class Backend(Protocol):
-    async def call(self, model: str, method: str, payload: Any, deadline_s: float) -> Any: ...
+    async def call(self, model: str, method: str, payload: Any, deadline_s: float, options: dict[str, Any]) -> Any: ...
 
     def describe(self) -> dict[str, Any]: ...
 
@@ -36,8 +36,8 @@ class ModelDeploymentBackend:
     def __init__(self, handles: dict[str, DeploymentHandle]):
         self.handles = handles
 
-    async def call(self, model: str, method: str, payload: Any, deadline_s: float) -> Any:
-        return await getattr(self.handles[model], method).remote(payload)
+    async def call(self, model: str, method: str, payload: Any, deadline_s: float, options: dict[str, Any]) -> Any:
+        return await getattr(self.handles[model], method).remote(payload, **options)
 
     def describe(self) -> dict[str, Any]:
         return {"deployments": {model: f"model-{model}" for model in self.handles}}
@@ -63,7 +63,10 @@ class GroupBackend:
         self.version = version
         self.dispatcher.set_placement(placement)
 
-    async def call(self, model: str, method: str, payload: Any, deadline_s: float) -> Any:
+    async def call(self, model: str, method: str, payload: Any, deadline_s: float, options: dict[str, Any]) -> Any:
+        if options:
+            raise RequestError(422, "invalid_field", f"model {model!r} runs in a device group without token adaptation; "
+                               f"it takes no {sorted(options)}", field=sorted(options)[0])
         now = time.monotonic()
         group = self.dispatcher.choose(model, now, deadline_s)
         if group is None:
@@ -92,10 +95,10 @@ class ModelRouterBackend:
         self.groups = groups
         self.singles = singles
 
-    async def call(self, model: str, method: str, payload: Any, deadline_s: float) -> Any:
+    async def call(self, model: str, method: str, payload: Any, deadline_s: float, options: dict[str, Any]) -> Any:
         if model in self.singles.handles or self.groups is None:
-            return await self.singles.call(model, method, payload, deadline_s)
-        return await self.groups.call(model, method, payload, deadline_s)
+            return await self.singles.call(model, method, payload, deadline_s, options)
+        return await self.groups.call(model, method, payload, deadline_s, options)
 
     def describe(self) -> dict[str, Any]:
         layout: dict[str, Any] = {"mode": "groups" if self.groups is not None else "per_model",

@@ -2,7 +2,8 @@
 
 HTTP (FastAPI inside Ray Serve):
 - `POST /v1/models/{name}/embed`     body `{"texts": [...]}` -> `{"model", "embeddings": [[...], ...]}` in input order
-- `POST /v1/models/{name}/classify`  body `{"images": [N][C][H][W], "dtype": "float32"|"uint8"}` -> `{"model", "predictions"}`
+- `POST /v1/models/{name}/classify`  body `{"images": [N][C][H][W], "dtype": "float32"|"uint8"}` and, for a
+  token-adaptation (OTAS) model, optional `"task"`, `"slo_ms"`, `"utility"` -> `{"model", "predictions"}`
 - `GET  /v1/models`                  the served models with their kind and limits
 - `GET  /v1/placement`               the live placement (groups, their models, replicas) or the per-model layout
 - `GET  /healthz`
@@ -29,9 +30,11 @@ from placement.spec import DeploymentSpec, ModelSpec, parse_spec
 from rayserve_apps import metrics
 from rayserve_apps.backends import Backend, GroupBackend, ModelDeploymentBackend, ModelRouterBackend
 from rayserve_apps.requests import (
+    QUERY_OPTION_FIELDS,
     ImageContract,
     RequestError,
     check_images,
+    check_query_options,
     check_texts,
     check_token_counts,
     find_model,
@@ -100,11 +103,17 @@ class Ingress:
         embeddings = await self._call(spec, "embed_token_ids", token_ids)
         return {"model": model, "embeddings": embeddings}
 
-    async def classify(self, model: str, images: Any, dtype: str = "float32") -> dict[str, Any]:
+    async def classify(self, model: str, images: Any, dtype: str = "float32", task: str | None = None,
+                       slo_ms: float | None = None, utility: float | None = None) -> dict[str, Any]:
+        """Classify images; `task`, `slo_ms` and `utility` describe the query to a token-adaptation (OTAS) model."""
         spec = find_model(self.spec, model, "vision")
         contract = ImageContract(spec.in_chans, spec.image_size_px or 224, spec.image_size_px or 224)
-        array = check_images({"images": images, "dtype": dtype}, contract, self.spec.serving.max_items_per_request)
-        predictions = await self._call(spec, "classify", array)
+        body = {"images": images, "dtype": dtype, "task": task, "slo_ms": slo_ms, "utility": utility}
+        array = check_images(body, contract, self.spec.serving.max_items_per_request)
+        options = check_query_options(body)
+        kwargs = {"task_id": options.get("task"), "slo_ms": options.get("slo_ms"), "utility": options.get("utility")}
+        predictions = await self._call(spec, "classify", array, {k: v for k, v in kwargs.items() if v is not None},
+                                       slo_ms=options.get("slo_ms"))
         return {"model": model, "predictions": predictions}
 
     def list_models(self) -> dict[str, Any]:
@@ -117,12 +126,15 @@ class Ingress:
             layout["groups"] = [await handle.info.remote() for handle in self.group_handles]
         return layout
 
-    async def _call(self, spec: ModelSpec, method: str, payload: Any) -> Any:
-        """Send to the backend with the model's SLO as deadline; count outcomes and SLO attainment."""
+    async def _call(self, spec: ModelSpec, method: str, payload: Any, options: dict[str, Any] | None = None,
+                    slo_ms: float | None = None) -> Any:
+        """Send to the backend with the SLO (the request's, else the model's) as deadline; count outcomes and
+        SLO attainment."""
         start = time.monotonic()
         model = spec.name
+        slo_ms = spec.slo_ms if slo_ms is None else slo_ms
         try:
-            result = await self.backend.call(model, method, payload, start + spec.slo_ms / 1000.0)
+            result = await self.backend.call(model, method, payload, start + slo_ms / 1000.0, options or {})
         except RequestError as error:
             metrics.requests_total().inc(tags={"model": model, "outcome": "rejected" if error.status_code == 503 else "invalid"})
             raise
@@ -134,7 +146,7 @@ class Ingress:
             metrics.requests_total().inc(tags={"model": model, "outcome": "failed"})
             raise
         latency_ms = (time.monotonic() - start) * 1000.0
-        met = latency_ms <= spec.slo_ms
+        met = latency_ms <= slo_ms
         self._answered[model] = self._answered.get(model, 0) + 1
         self._met[model] = self._met.get(model, 0) + int(met)
         metrics.requests_total().inc(tags={"model": model, "outcome": "ok"})
@@ -178,12 +190,14 @@ class Ingress:
     async def http_classify(self, name: str, request: Request) -> JSONResponse:
         async def call(payload: dict[str, Any]) -> dict[str, Any]:
             find_model(self.spec, name, "vision")
-            extra = sorted(set(payload) - {"images", "dtype"})
+            extra = sorted(set(payload) - {"images", "dtype", *QUERY_OPTION_FIELDS})
             if extra:
-                raise RequestError(422, "invalid_field", f"unknown field(s) {extra}; expected 'images' and optional 'dtype'", field=extra[0])
+                raise RequestError(422, "invalid_field", f"unknown field(s) {extra}; expected 'images' and optional "
+                                   "'dtype', 'task', 'slo_ms', 'utility'", field=extra[0])
             if "images" not in payload:
                 raise RequestError(422, "invalid_field", "body must have a field 'images' (nested lists [N, C, H, W])", field="images")
-            return await self.classify(name, payload["images"], payload.get("dtype", "float32"))
+            return await self.classify(name, payload["images"], payload.get("dtype", "float32"),
+                                       **{field: payload.get(field) for field in QUERY_OPTION_FIELDS})
 
         return await self._answer(request, call)
 

@@ -108,13 +108,32 @@ class ImageContract:
         return (self.channels, self.height, self.width)
 
 
+#: Optional per-request fields of a classify call, passed to token-adaptation (OTAS) replicas.
+QUERY_OPTION_FIELDS = ("task", "slo_ms", "utility")
+
+
+def check_query_options(payload: dict[str, Any]) -> dict[str, Any]:
+    """The optional `task` (string), `slo_ms` (> 0) and `utility` (>= 0) of a classify body, as given."""
+    options = {name: payload[name] for name in QUERY_OPTION_FIELDS if payload.get(name) is not None}
+    if "task" in options and (not isinstance(options["task"], str) or not options["task"]):
+        raise RequestError(422, "invalid_field", "'task' must be a non-empty string", field="task")
+    for name, low, strict in (("slo_ms", 0.0, True), ("utility", 0.0, False)):
+        value = options.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < low or (strict and value == low):
+            raise RequestError(422, "invalid_field", f"'{name}' must be a number {'>' if strict else '>='} {low:g}", field=name)
+    return options
+
+
 def check_images(payload: Any, contract: ImageContract, max_items: int) -> np.ndarray:
     """`payload["images"]` (nested lists [N, C, H, W]) with optional `dtype` -> float32 array, or RequestError."""
     if not isinstance(payload, dict) or "images" not in payload:
         raise RequestError(422, "invalid_field", "body must have a field 'images' (nested lists [N, C, H, W])", field="images")
-    extra = sorted(set(payload) - {"images", "dtype"})
+    extra = sorted(set(payload) - {"images", "dtype", *QUERY_OPTION_FIELDS})
     if extra:
-        raise RequestError(422, "invalid_field", f"unknown field(s) {extra}; expected 'images' and optional 'dtype'", field=extra[0])
+        raise RequestError(422, "invalid_field", f"unknown field(s) {extra}; expected 'images' and optional 'dtype', "
+                           "'task', 'slo_ms', 'utility'", field=extra[0])
     dtype = payload.get("dtype", "float32")
     if dtype not in IMAGE_DTYPE_SCALES:
         raise RequestError(422, "invalid_dtype", f"dtype {dtype!r} is not supported; use one of {sorted(IMAGE_DTYPE_SCALES)}", field="dtype")

@@ -70,3 +70,20 @@ def test_adaptive_vit_answers_over_http_and_handle(local_app):
         for prediction, image in zip(predictions, images):
             assert prediction["gamma"] in registry.gamma_list
             assert prediction["label"] == registry.predict(image[None], ["digit"], prediction["gamma"])[0]
+
+
+def test_adaptive_vit_takes_task_slo_and_utility_and_names_bad_ones(local_app):
+    from models.train_adaptive_vit import load_digits_splits
+
+    _, held_out = load_digits_splits()
+    url = f"{local_app['url']}/v1/models/digits-vit/classify"
+    images = held_out.images[:2].tolist()
+    ok = requests.post(url, json={"images": images, "task": "parity", "slo_ms": 60_000, "utility": 2.0}, timeout=120)
+    assert ok.status_code == 200, ok.text
+    assert {p["task"] for p in ok.json()["predictions"]} == {"parity"}
+    unknown = requests.post(url, json={"images": images, "task": "colour"}, timeout=60)
+    assert unknown.status_code == 422 and "colour" in unknown.json()["error"]["message"]
+    negative = requests.post(url, json={"images": images, "slo_ms": -1}, timeout=60)
+    assert negative.status_code == 422 and negative.json()["error"]["field"] == "slo_ms"
+    grouped = requests.post(f"{local_app['url']}/v1/models/minilm/embed", json={"texts": ["still fine"]}, timeout=60)
+    assert grouped.status_code == 200

@@ -8,6 +8,7 @@ from rayserve_apps.requests import (
     ImageContract,
     RequestError,
     check_images,
+    check_query_options,
     check_texts,
     check_token_counts,
     find_model,
@@ -73,3 +74,10 @@ def test_request_error_survives_pickling():
     error = pickle.loads(pickle.dumps(RequestError(413, "input_too_long", "too long", "texts[0]")))
     assert (error.status_code, error.field, str(error)) == (413, "texts[0]", "too long")
     assert isinstance(error, ValueError)
+
+
+def test_query_options_are_checked():
+    assert check_query_options({"images": [], "task": "parity", "slo_ms": 50, "utility": 0}) == {"task": "parity", "slo_ms": 50, "utility": 0}
+    assert check_query_options({"images": []}) == {}
+    for bad, field in (({"task": 3}, "task"), ({"slo_ms": 0}, "slo_ms"), ({"slo_ms": "fast"}, "slo_ms"), ({"utility": -1}, "utility")):
+        assert error_of(check_query_options, bad).field == field
