@@ -35,7 +35,6 @@ from models.adaptive_vit_profile import (
     DEFAULT_BATCH_SIZES,
     DEFAULT_REPEATS,
     PROFILE_FILE,
-    QUICK_REPEATS,
     device_description,
     measure_load_s,
     profile_accuracy,

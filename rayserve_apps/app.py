@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ray import serve
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 

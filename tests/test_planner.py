@@ -1,7 +1,6 @@
 """The AlpaServe planner (§4.2) and its baselines: memory feasibility, never worse than Selective Replication on
 these cases, consistent predictions, bucket enumeration, and the placement's JSON form."""
 
-import numpy as np
 import pytest
 
 from placement.baselines import clockwork_plus_plus, round_robin, selective_replication
