@@ -14,10 +14,14 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `benchmarks._common` when run as a script
 
 import ray
 from ray import serve
