@@ -10,6 +10,13 @@ Backends, compared by `compare_backends` (keep the fastest that is exact against
 * ``trace``   - TorchScript trace + `torch.jit.freeze` (constant-folded weights, fused ops);
 * ``compile`` - `torch.compile(dynamic=False)` (Inductor, static shapes; slow to compile on a CPU).
 
+`PackedStaticRuntime` composes polymorphing with ConcatBatching (TCB §4.1): the same fixed shape [rows, L], but
+each row holds several requests concatenated, each with its own position ids restarting at 0 (TCB §4.1.1) and its
+own token-type ids, attending only to itself through the block-diagonal mask (TCB §4.1.2, Eq. 5-6), then mean-pooled
+per request. Packing is ops/packing.py's and the mask ops/concat_attention.py's; the packed batch is padded to
+exactly `rows` rows of L tokens, so the compiled graph still sees one shape. A runtime of length L thus serves
+every request of <= L tokens, several per row, instead of one padded request per row.
+
 `DynamicRuntime` is the DT baseline (Arlo §2.2): one runtime for every length, padded only to the batch's longest
 request; ``eager`` or ``compile`` with `dynamic=True`.
 """
@@ -27,6 +34,8 @@ from torch import nn
 
 from models.layers import ActivationState, run_layers
 from models.text_encoder import TextEncoder
+from ops.concat_attention import block_diagonal_mask, mask_kind_for
+from ops.packing import PADDING_SEGMENT, PackedBatch, first_fit_decreasing, pack_requests, pooled_embeddings
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +125,127 @@ class StaticRuntime:
         ids = [self.encoder.tokenizer(t, add_special_tokens=True, truncation=False)["input_ids"] for t in texts]
         chunks = [self.run_tokens(ids[k:k + self.batch_size]) for k in range(0, len(ids), self.batch_size)]
         return torch.cat(chunks) if chunks else torch.empty(0, self.encoder.hidden_size)
+
+
+class PackedBodyEncoder(nn.Module):
+    """(input_ids, position_ids, token_type_ids, segment_ids) of a packed batch -> last hidden states.
+
+    The embeddings and blocks of the model's layer view (the head's padded mean pooling is replaced by the
+    per-request pooling of ops/packing.py, outside the graph); the block-diagonal mask (TCB Eq. 6) is built inside
+    the graph from the segment ids, so the runtime's inputs are four [rows, L] integer tensors.
+    """
+
+    def __init__(self, encoder: TextEncoder):
+        super().__init__()
+        self.layers = nn.ModuleList([layer for layer in encoder.layers() if layer.kind != "head"])
+        self.mask_kind = mask_kind_for(encoder.model.config._attn_implementation)
+        self.dtype = encoder.model.dtype
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                segment_ids: torch.Tensor) -> torch.Tensor:
+        state = ActivationState(
+            hidden=input_ids,
+            attention_mask=(segment_ids != PADDING_SEGMENT).long(),
+            attention_bias=block_diagonal_mask(segment_ids, self.mask_kind, self.dtype),
+            extras={"position_ids": position_ids, "token_type_ids": token_type_ids},
+        )
+        return run_layers(list(self.layers), state).hidden
+
+
+def pad_packed_rows(batch: PackedBatch, rows: int, pad_id: int) -> tuple[torch.Tensor, ...]:
+    """A packed batch's (input_ids, position_ids, token_type_ids, segment_ids) padded to exactly `rows` rows.
+
+    Padding rows are all padding segment: they attend only to themselves, and pooling ignores them.
+    """
+    executed, width = batch.input_ids.shape
+    if executed > rows:
+        raise ValueError(f"packed batch uses {executed} rows, more than the runtime's {rows} rows")
+    if executed == rows:
+        return batch.input_ids, batch.position_ids, batch.token_type_ids, batch.segment_ids
+    filled = []
+    for tensor, value in ((batch.input_ids, pad_id), (batch.position_ids, 0), (batch.token_type_ids, 0),
+                          (batch.segment_ids, PADDING_SEGMENT)):
+        full = torch.full((rows, width), value, dtype=tensor.dtype)
+        full[:executed] = tensor
+        filled.append(full)
+    return tuple(filled)
+
+
+@dataclass(frozen=True)
+class PackedRunResult:
+    """Embeddings in request order and how many fixed-shape forward passes computed them."""
+
+    embeddings: torch.Tensor  #: [requests, hidden], L2-normalised
+    forward_passes: int
+    rows_used: int  #: rows holding at least one request, over all passes
+
+
+class PackedStaticRuntime:
+    """The encoder at one fixed shape [rows, max_length_tokens], fed ConcatBatching packed batches (TCB §4.1).
+
+    Requests of <= max_length_tokens are packed into rows by first-fit-decreasing (ops/packing.py), `rows` rows per
+    forward pass; every pass is padded to exactly [rows, max_length_tokens], so a traced and frozen graph never
+    recompiles. Parameter names: max_length_tokens is TCB's L (§5.1) and Arlo's runtime max length; rows is TCB's B.
+    """
+
+    def __init__(self, encoder: TextEncoder, max_length_tokens: int, rows: int = 1, backend: StaticBackend = "trace"):
+        if max_length_tokens < 1 or max_length_tokens > encoder.max_length:
+            raise ValueError(f"max_length_tokens must be in [1, {encoder.max_length}] (the model's limit), got {max_length_tokens}")
+        if rows < 1:
+            raise ValueError(f"rows must be >= 1, got {rows}")
+        if backend not in STATIC_BACKENDS:
+            raise ValueError(f"backend must be one of {STATIC_BACKENDS}, got {backend!r}")
+        self.encoder = encoder
+        self.max_length_tokens = max_length_tokens  # TCB §5.1: L
+        self.rows = rows  # TCB §5.1: B
+        self.batch_size = rows  # the padded runtime's name for the same dimension
+        self.backend = backend
+        self.pad_id = encoder.tokenizer.pad_token_id or 0
+        module = PackedBodyEncoder(encoder).eval()
+        example = pack_requests([[self.pad_id]], max_length_tokens, pad_token_id=self.pad_id, trim=False)
+        args = pad_packed_rows(example, rows, self.pad_id)
+        started = time.perf_counter()
+        if backend == "trace":
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # tracer warnings about Python control flow on shapes: shapes are fixed
+                self._fn = torch.jit.freeze(torch.jit.trace(module, args).eval())
+        elif backend == "compile":
+            self._fn = torch.compile(module, dynamic=False)
+        else:
+            self._fn = module
+        with torch.inference_mode():
+            self._fn(*args)  # compile / warm up now, not on the first request
+        self.build_s = time.perf_counter() - started
+        logger.info("packed static runtime L=%d rows=%d (%s) built in %.1fs", max_length_tokens, rows, backend, self.build_s)
+
+    def plan(self, lengths: Sequence[int]) -> list[list[list[int]]]:
+        """Request indices per row, rows grouped into forward passes of at most `rows` rows (first-fit-decreasing)."""
+        bins = first_fit_decreasing(lengths, self.max_length_tokens, limit_name="max_length_tokens")
+        return [bins[k:k + self.rows] for k in range(0, len(bins), self.rows)]
+
+    def num_passes(self, lengths: Sequence[int]) -> int:
+        """Forward passes `run_tokens` needs for requests of these lengths."""
+        return len(self.plan(lengths))
+
+    @torch.inference_mode()
+    def run_tokens(self, token_ids: Sequence[Sequence[int]]) -> PackedRunResult:
+        """Embeddings [len(token_ids), hidden] of any number of requests of at most `max_length_tokens` each."""
+        lengths = [len(ids) for ids in token_ids]
+        out = torch.empty(len(token_ids), self.encoder.hidden_size)
+        passes = self.plan(lengths)
+        for rows in passes:
+            members = [i for row in rows for i in row]
+            local = {index: k for k, index in enumerate(members)}
+            batch = pack_requests([token_ids[i] for i in members], self.max_length_tokens,
+                                  bins=[[local[i] for i in row] for row in rows], pad_token_id=self.pad_id, trim=False)
+            hidden = self._fn(*pad_packed_rows(batch, self.rows, self.pad_id))
+            out[members] = pooled_embeddings(hidden[:batch.input_ids.shape[0]], batch)
+        return PackedRunResult(out, len(passes), sum(len(rows) for rows in passes))
+
+    def embed(self, texts: Sequence[str]) -> torch.Tensor:
+        """Tokenize (rejecting texts longer than the runtime) and run packed."""
+        ids = [self.encoder.tokenizer(t, add_special_tokens=True, truncation=False)["input_ids"] for t in texts]
+        return self.run_tokens(ids).embeddings if ids else torch.empty(0, self.encoder.hidden_size)
 
 
 class DynamicRuntime:

@@ -1,11 +1,12 @@
-"""Static-shape runtimes of MiniLM (exact vs eager), the DT runtime, and staircase-based runtime lengths."""
+"""Static-shape runtimes of MiniLM (exact vs eager), padded and packed (ConcatBatching), the DT runtime, and
+staircase-based runtime lengths."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from ops.static_runtime import DynamicRuntime, StaticRuntime, compare_backends, fastest_exact_backend
+from ops.static_runtime import DynamicRuntime, PackedStaticRuntime, StaticRuntime, compare_backends, fastest_exact_backend
 from placement.arlo_paper_profiles import staircase_latency_s
 from placement.arlo_runtimes import RuntimeProfile, choose_runtime_lengths
 
@@ -27,6 +28,46 @@ def test_static_runtime_matches_eager_encoder(encoder, backend):
     got = runtime.embed(TEXTS)  # two batches: one full, one padded with an empty row
     assert got.shape == expected.shape
     assert torch.allclose(got, expected, atol=1e-5)
+
+
+PACKED_TEXTS = TEXTS + ["ok then", "yet another short request", "packing keeps requests apart", "a", "fine"]
+
+
+@pytest.mark.parametrize("backend", ["eager", "trace"])
+def test_packed_static_runtime_matches_eager_encoder_per_request(encoder, backend):
+    runtime = PackedStaticRuntime(encoder, max_length_tokens=32, rows=2, backend=backend)
+    ids = [encoder.tokenizer(t)["input_ids"] for t in PACKED_TEXTS]
+    expected = torch.cat([encoder.embed([text]) for text in PACKED_TEXTS])  # each request alone, plain eager model
+    result = runtime.run_tokens(ids)
+    assert result.embeddings.shape == expected.shape
+    assert torch.allclose(result.embeddings, expected, atol=1e-5)
+    assert torch.nn.functional.cosine_similarity(result.embeddings, expected).min() >= 0.9999
+
+
+def test_packed_rows_hold_several_requests_and_the_graph_sees_one_shape(encoder):
+    runtime = PackedStaticRuntime(encoder, max_length_tokens=32, rows=2, backend="trace")
+    shapes = []
+    compiled = runtime._fn
+    runtime._fn = lambda *args: (shapes.append([tuple(a.shape) for a in args]), compiled(*args))[1]
+    ids = [encoder.tokenizer(t)["input_ids"] for t in PACKED_TEXTS]
+    result = runtime.run_tokens(ids)
+    assert result.rows_used < len(ids)  # rows hold several short requests ...
+    assert result.forward_passes < -(-len(ids) // runtime.rows)  # ... so fewer passes than one request per row
+    assert result.forward_passes == len(shapes) == runtime.num_passes([len(x) for x in ids])
+    assert all(s == [(2, 32)] * 4 for s in shapes)  # every pass padded to exactly [rows, L], the last one included
+    alone = runtime.run_tokens(ids[:1])  # one request: a row of its own, the other row all padding
+    assert alone.forward_passes == 1 and alone.rows_used == 1
+    assert torch.allclose(alone.embeddings, result.embeddings[:1], atol=1e-5)
+
+
+def test_packed_static_runtime_rejects_bad_shapes(encoder):
+    runtime = PackedStaticRuntime(encoder, max_length_tokens=8, rows=1, backend="eager")
+    with pytest.raises(ValueError, match="max_length_tokens=8"):
+        runtime.run_tokens([list(range(101, 111))])
+    with pytest.raises(ValueError, match="rows"):
+        PackedStaticRuntime(encoder, max_length_tokens=8, rows=0)
+    with pytest.raises(ValueError, match="max_length_tokens"):
+        PackedStaticRuntime(encoder, max_length_tokens=10_000)
 
 
 def test_static_runtime_rejects_too_long_and_too_many(encoder):
