@@ -5,6 +5,11 @@ can apply Arlo's multi-level queue across runtimes (a Serve request router choos
 Which runtime a replica runs is data: the deployment's `user_config` maps replica rank -> max length
 (`PolymorphUserConfig.assignment`); ranks it does not name run the longest runtime.
 
+* execution ``packed`` (default) composes polymorphing with ConcatBatching (TCB §4.1): the replica's runtime is a
+  `PackedStaticRuntime` of the same fixed shape [batch_size rows, max length L], and requests that wait for the
+  replica while a forward pass runs are packed together, several short requests to a row, into the next pass
+  (as many as fit without adding a pass to the oldest waiting request's own). Execution ``padded`` is Arlo's plain
+  runtime: every text padded to L, one per row, one request at a time. Capacities stay in requests either way;
 * `record_replica_metadata` reports the runtime the replica started with and its capacity within the SLO (M_i);
 * `record_routing_stats` reports the current runtime, capacity and outstanding requests (queued + executing);
 * `reconfigure` (a new allocation) builds the newly assigned runtime first and then swaps it in, so requests
@@ -19,13 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 
 from models.text_encoder import load_text_encoder
-from ops.static_runtime import DynamicRuntime, StaticRuntime
+from ops.static_runtime import DynamicRuntime, PackedStaticRuntime, StaticRuntime
 from placement.replacement import rank_assignment
 from placement.spec import ModelSpec
 from rayserve_apps._threads import set_torch_threads_for
@@ -36,6 +42,9 @@ logger = logging.getLogger("ray.serve")
 KEY_MAX_LENGTH = "max_length_tokens"
 KEY_CAPACITY = "capacity_requests"
 KEY_OUTSTANDING = "outstanding_requests"
+KEY_EXECUTION = "execution"
+#: How a runtime instance executes its fixed shape: ConcatBatching rows (TCB §4.1) or one padded text per row (Arlo).
+Execution = Literal["packed", "padded"]
 #: Serve's cap on requests in a replica; Arlo's own congestion threshold decides long before it is reached.
 DEFAULT_MAX_ONGOING_REQUESTS = 64
 
@@ -55,8 +64,19 @@ class PolymorphRuntimeParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     capacities: dict[int, int] = Field(description="Runtime max length in tokens -> capacity within the SLO (Arlo M_i), in requests.")
-    batch_size: int = Field(default=1, ge=1, description="Batch size each static runtime is compiled for (Arlo: small, fixed).")
+    batch_size: int = Field(default=1, ge=1, description="Batch size (rows) each static runtime is compiled for (Arlo: small, fixed).")
     backend: str = Field(default="trace", pattern="^(eager|trace|compile)$", description="Static compilation backend.")
+    execution: Execution = Field(default="packed", description="packed: ConcatBatching rows of the runtime's length "
+                                                               "(TCB §4.1); padded: one text per row padded to it (Arlo).")
+
+
+@dataclass
+class _WaitingCall:
+    """A request waiting for the replica's next packed forward pass."""
+
+    token_ids: list[list[int]]
+    runtime: PackedStaticRuntime
+    future: asyncio.Future
 
 
 def _current_rank() -> int:
@@ -81,6 +101,7 @@ class PolymorphRuntimeDeployment:
         self.dynamic = DynamicRuntime(self.encoder)
         self.outstanding = 0
         self._compute_lock = asyncio.Lock()  # one forward pass at a time: an instance is one device
+        self._waiting: list[_WaitingCall] = []  # packed execution: requests not yet taken into a forward pass
         self.runtime = self._build(self._assigned_length(self._initial_user_config(), _current_rank()))
 
     # --- allocation -------------------------------------------------------------------------------------------
@@ -98,7 +119,9 @@ class PolymorphRuntimeDeployment:
             raise ValueError(f"user_config.assignment[{rank}]={length} is not a runtime (have {sorted(self.params.capacities)})")
         return length
 
-    def _build(self, length: int) -> StaticRuntime:
+    def _build(self, length: int) -> StaticRuntime | PackedStaticRuntime:
+        if self.params.execution == "packed":
+            return PackedStaticRuntime(self.encoder, length, self.params.batch_size, backend=self.params.backend)  # type: ignore[arg-type]
         return StaticRuntime(self.encoder, length, self.params.batch_size, backend=self.params.backend)  # type: ignore[arg-type]
 
     async def reconfigure(self, user_config: dict, rank: Any = None) -> None:
@@ -112,7 +135,8 @@ class PolymorphRuntimeDeployment:
     # --- reports to the router --------------------------------------------------------------------------------
     def record_replica_metadata(self) -> dict:
         return {KEY_MAX_LENGTH: self.runtime.max_length_tokens,
-                KEY_CAPACITY: self.params.capacities[self.runtime.max_length_tokens]}
+                KEY_CAPACITY: self.params.capacities[self.runtime.max_length_tokens],
+                KEY_EXECUTION: self.params.execution}
 
     def record_routing_stats(self) -> dict:
         return {KEY_MAX_LENGTH: self.runtime.max_length_tokens,
@@ -125,7 +149,8 @@ class PolymorphRuntimeDeployment:
         return (await self.embed_with_runtime(token_ids))["embeddings"]
 
     async def embed_with_runtime(self, token_ids: list[list[int]]) -> dict:
-        """Embeddings of tokenized texts and the runtime length that served them; ValueError for bad input."""
+        """Embeddings of tokenized texts, the runtime length that served them (0: the dynamic path), the forward
+        passes they ran in and how many requests shared those passes; ValueError for bad input."""
         if not isinstance(token_ids, list) or not token_ids or not all(isinstance(ids, list) and ids for ids in token_ids):
             raise ValueError("token_ids must be a non-empty list of non-empty token id lists")
         longest = max(len(ids) for ids in token_ids)
@@ -133,17 +158,27 @@ class PolymorphRuntimeDeployment:
             raise ValueError(f"input of {longest} tokens exceeds the longest runtime ({self.longest} tokens)")
         self.outstanding += 1
         try:
-            async with self._compute_lock:
-                runtime = self.runtime
-                if longest <= runtime.max_length_tokens:
-                    embeddings = await asyncio.to_thread(self._run_static, runtime, token_ids)
-                    served = runtime.max_length_tokens
-                else:  # routed on stale information during a runtime swap: never fail the request
-                    embeddings = await asyncio.to_thread(self.dynamic.run_tokens, token_ids)
-                    served = 0
+            runtime = self.runtime
+            if isinstance(runtime, PackedStaticRuntime) and longest <= runtime.max_length_tokens:
+                embeddings, passes, sharing = await self._run_packed(runtime, token_ids)
+                served = runtime.max_length_tokens
+            else:
+                async with self._compute_lock:
+                    runtime = self.runtime
+                    if longest <= runtime.max_length_tokens and isinstance(runtime, StaticRuntime):
+                        embeddings = await asyncio.to_thread(self._run_static, runtime, token_ids)
+                        served, passes = runtime.max_length_tokens, -(-len(token_ids) // runtime.batch_size)
+                    elif longest <= runtime.max_length_tokens:  # swapped to a packed runtime while waiting
+                        result = await asyncio.to_thread(runtime.run_tokens, token_ids)
+                        embeddings, served, passes = result.embeddings, runtime.max_length_tokens, result.forward_passes
+                    else:  # routed on stale information during a runtime swap: never fail the request
+                        embeddings = await asyncio.to_thread(self.dynamic.run_tokens, token_ids)
+                        served, passes = 0, 1
+                sharing = 1
         finally:
             self.outstanding -= 1
-        return {"embeddings": embeddings.tolist(), "served_by_max_length_tokens": served}
+        return {"embeddings": embeddings.tolist(), "served_by_max_length_tokens": served,
+                "forward_passes": passes, "requests_in_passes": sharing}
 
     @staticmethod
     def _run_static(runtime: StaticRuntime, token_ids: list[list[int]]):
@@ -151,6 +186,61 @@ class PolymorphRuntimeDeployment:
 
         chunks = [runtime.run_tokens(token_ids[k:k + runtime.batch_size]) for k in range(0, len(token_ids), runtime.batch_size)]
         return torch.cat(chunks)
+
+    # --- packed execution: ConcatBatching across waiting requests (TCB §4.1) ----------------------------------
+    async def _run_packed(self, runtime: PackedStaticRuntime, token_ids: list[list[int]]):
+        """Wait for the replica; whoever gets it runs its own request and the waiting ones packed together.
+
+        Returns (embeddings, forward passes, requests that shared them)."""
+        call = _WaitingCall(token_ids, runtime, asyncio.get_running_loop().create_future())
+        self._waiting.append(call)
+        try:
+            async with self._compute_lock:
+                if not call.future.done():  # not yet taken into an earlier request's passes
+                    group = self._take_group(call)
+                    try:
+                        results = await asyncio.to_thread(self._run_packed_group, runtime, group)
+                    except Exception as error:  # a failure reaches every request of the group (own one included)
+                        for member in group:
+                            member.future.set_exception(error)
+                    except BaseException:  # cancelled: the others must not wait forever
+                        for member in group[1:]:
+                            member.future.set_exception(RuntimeError("the packed forward pass was cancelled"))
+                        raise
+                    else:
+                        for member, result in zip(group, results):
+                            member.future.set_result(result)
+        except asyncio.CancelledError:
+            if call in self._waiting:
+                self._waiting.remove(call)
+            raise
+        return await call.future
+
+    def _take_group(self, call: _WaitingCall) -> list[_WaitingCall]:
+        """`call` and, oldest first, the waiting requests on the same runtime that fit in its passes' spare room."""
+        self._waiting.remove(call)
+        group, lengths = [call], [len(ids) for ids in call.token_ids]
+        budget = call.runtime.num_passes(lengths)
+        for other in list(self._waiting):
+            if other.runtime is not call.runtime:
+                continue
+            candidate = lengths + [len(ids) for ids in other.token_ids]
+            if call.runtime.num_passes(candidate) <= budget:
+                group.append(other)
+                lengths = candidate
+                self._waiting.remove(other)
+        return group
+
+    @staticmethod
+    def _run_packed_group(runtime: PackedStaticRuntime, group: list[_WaitingCall]) -> list[tuple[Any, int, int]]:
+        texts = [ids for member in group for ids in member.token_ids]
+        result = runtime.run_tokens(texts)
+        out, start = [], 0
+        for member in group:
+            end = start + len(member.token_ids)
+            out.append((result.embeddings[start:end], result.forward_passes, len(group)))
+            start = end
+        return out
 
 
 def allocation_update(previous_assignment: dict[int, int], counts: dict[int, int], version: int) -> tuple[int, dict]:
@@ -169,6 +259,8 @@ class PolymorphingPolicyParams(BaseModel):
     initial_counts: dict[int, int] | None = Field(default=None, description="Runtime max length -> replicas at start; default: one of each.")
     batch_size: int = Field(default=1, ge=1, description="Batch size each static runtime is compiled for.")
     backend: str = Field(default="trace", pattern="^(eager|trace|compile)$", description="Static compilation backend.")
+    execution: Execution = Field(default="packed", description="packed: ConcatBatching rows of the runtime's length "
+                                                               "(TCB §4.1); padded: one text per row padded to it (Arlo).")
     threshold: float = Field(default=0.85, gt=0, description="Arlo Alg. 1 lambda.")
     decay: float = Field(default=0.9, gt=0, le=1, description="Arlo Alg. 1 alpha.")
     max_levels: int = Field(default=6, ge=1, description="Arlo Alg. 1 L.")
@@ -210,4 +302,4 @@ def bind_polymorph_model(model: ModelSpec, params: dict, deployment_name: str, a
             request_router_kwargs={"threshold": policy.threshold, "decay": policy.decay, "max_levels": policy.max_levels},
             request_routing_stats_period_s=policy.routing_stats_period_s),
     ).bind(model.model_dump(mode="json"), {"capacities": policy.capacities, "batch_size": policy.batch_size,
-                                           "backend": policy.backend})
+                                           "backend": policy.backend, "execution": policy.execution})

@@ -1,4 +1,5 @@
-"""Polymorphing on real Ray Serve: two MiniLM runtime replicas behind the Arlo multi-level-queue router."""
+"""Polymorphing on real Ray Serve: two MiniLM runtime replicas behind the Arlo multi-level-queue router, their
+runtimes packed with ConcatBatching (the default) or padded; and the replica's cross-request packing in-process."""
 
 from __future__ import annotations
 
@@ -40,6 +41,16 @@ def test_short_requests_land_on_short_runtime_and_long_on_long(handle):
     assert handle.embed_with_runtime.remote(tokens(40)).result(timeout_s=60)["served_by_max_length_tokens"] == LONG_RUNTIME
 
 
+def test_packed_replica_puts_several_short_texts_in_one_row(handle):
+    # 8 texts of 6 tokens, rows of one runtime length: 16 tokens hold two texts (4 passes instead of 8), 64 hold all
+    # eight (1 pass); the router may demote to the long runtime while it still sees earlier requests outstanding.
+    result = handle.embed_with_runtime.remote(tokens(6, texts=8)).result(timeout_s=60)
+    runtime = result["served_by_max_length_tokens"]
+    assert runtime in (SHORT_RUNTIME, LONG_RUNTIME)
+    assert result["forward_passes"] == -(-8 // (runtime // 6))
+    assert len(result["embeddings"]) == 8
+
+
 def test_congested_short_runtime_demotes_to_long_runtime(handle):
     # Each request carries 16 short texts, run one by one on the batch-1 runtime, so requests overlap.
     import time
@@ -74,6 +85,72 @@ def test_allocation_update_keeps_in_flight_requests(handle):
         assert new_handle.embed_with_runtime.remote(tokens(10)).result(timeout_s=60)["served_by_max_length_tokens"] == LONG_RUNTIME
 
 
+def _local_replica(execution: str):
+    """The replica class outside Serve (rank 0, no user_config: the longest runtime), eager backend."""
+    from placement.spec import ModelSpec
+    from rayserve_apps.polymorph_runtime_deployment import PolymorphRuntimeDeployment
+
+    spec = ModelSpec(name="minilm", kind="text", source="package:all-minilm-l6-v2", num_cpus_per_replica=0.5)
+    params = {"capacities": CAPACITIES, "backend": "eager", "execution": execution}
+    return PolymorphRuntimeDeployment.func_or_class(spec.model_dump(mode="json"), params)
+
+
+@pytest.fixture(scope="module")
+def local_packed():
+    return _local_replica("packed")
+
+
+def test_waiting_requests_share_packed_forward_passes(local_packed):
+    import asyncio
+
+    import torch
+
+    from ops.static_runtime import PackedStaticRuntime
+
+    replica = local_packed
+    assert isinstance(replica.runtime, PackedStaticRuntime) and replica.runtime.max_length_tokens == LONG_RUNTIME
+    calls = [[[101] + [2000 + k + c for k in range(4)] + [102]] for c in range(6)]  # six requests of 6 tokens
+
+    async def concurrently():
+        return await asyncio.gather(*(replica.embed_with_runtime(ids) for ids in calls))
+
+    results = asyncio.run(concurrently())
+    # The first request runs alone; the five that waited meanwhile share one 64-token row.
+    assert results[0]["requests_in_passes"] == 1
+    assert [r["requests_in_passes"] for r in results[1:]] == [5] * 5
+    assert all(r["forward_passes"] == 1 for r in results)
+    expected = replica.dynamic.run_tokens([ids[0] for ids in calls])  # each request alone, padded, eager
+    got = torch.tensor([r["embeddings"][0] for r in results])
+    assert torch.allclose(got, expected, atol=1e-5)
+    assert replica.outstanding == 0 and not replica._waiting
+
+
+def test_packed_replica_falls_back_to_dynamic_for_longer_requests(local_packed):
+    import asyncio
+
+    replica = local_packed
+    longest = replica.runtime
+    replica.runtime = replica._build(SHORT_RUNTIME)  # as after a swap to the short runtime
+    try:
+        result = asyncio.run(replica.embed_with_runtime(tokens(40)))
+        assert result["served_by_max_length_tokens"] == 0  # the dynamic path, not a failure
+        assert asyncio.run(replica.embed_with_runtime(tokens(10)))["served_by_max_length_tokens"] == SHORT_RUNTIME
+    finally:
+        replica.runtime = longest
+
+
+def test_padded_execution_keeps_one_text_per_row():
+    import asyncio
+
+    from ops.static_runtime import StaticRuntime
+
+    replica = _local_replica("padded")
+    assert isinstance(replica.runtime, StaticRuntime)
+    result = asyncio.run(replica.embed_with_runtime(tokens(6, texts=4)))
+    assert result["forward_passes"] == 4 and result["requests_in_passes"] == 1
+    assert result["served_by_max_length_tokens"] == LONG_RUNTIME
+
+
 def test_polymorphing_params_are_validated_by_field():
     from placement.spec import ModelSpec
     from rayserve_apps.polymorph_runtime_deployment import bind_polymorph_model
@@ -83,3 +160,5 @@ def test_polymorphing_params_are_validated_by_field():
         bind_polymorph_model(spec, {"capacities": CAPACITIES, "decay": 2.0}, "x")
     with pytest.raises(ValueError, match="initial_counts"):
         bind_polymorph_model(spec, {"capacities": CAPACITIES, "initial_counts": {32: 1}}, "x")
+    with pytest.raises(ValueError, match="execution"):
+        bind_polymorph_model(spec, {"capacities": CAPACITIES, "execution": "stacked"}, "x")
