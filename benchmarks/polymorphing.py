@@ -11,7 +11,9 @@ dispatch throughput, and a small real run of MiniLM static runtimes on this mach
 3. Dispatch decisions per second of the Alg. 1 policy object with 1200 instances over 12 runtimes (Arlo §5.1.4).
 4. Real MiniLM: the latency staircase of static runtimes measured here, runtime lengths chosen from it, backends
    compared at one shape, and the mean service latency of requests run on their ideal runtime vs on the single
-   longest runtime (ST) vs the dynamic runtime (DT), executed for real, side by side.
+   longest runtime (ST) vs the dynamic runtime (DT), executed for real, side by side; and the same request mix
+   at saturation on runtimes of the same shapes executed padded (one request per row, Arlo) vs packed with
+   ConcatBatching (several requests per row, TCB §4.1), as requests per CPU second (`packed_vs_padded_throughput`).
 
 Usage: .venv/bin/python benchmarks/polymorphing.py --quick
 """
@@ -244,6 +246,7 @@ def real_minilm_run(args) -> dict:
         served["dt_dynamic"].append(time_call(lambda: dynamic.run_tokens([ids]), 3, 0, "min", clock))
     means = {k: float(np.mean(v)) for k, v in served.items()}
     log.info("real MiniLM mean service latency: %s", {k: f"{v * 1e3:.2f} ms" for k, v in means.items()})
+    packing = packed_vs_padded(encoder, requests, runtime_lengths, profiles, served, backend, clock)
     return {
         "clock": "thread CPU time, min of repeats (shared machine)",
         "backends": {c.backend: {"latency_ms": c.latency_s * 1e3, "build_s": c.build_s, "max_abs_diff": c.max_abs_diff}
@@ -255,7 +258,49 @@ def real_minilm_run(args) -> dict:
         "requests_per_ideal_runtime": ideal,
         "mean_service_ms": {k: v * 1e3 for k, v in means.items()},
         "real_mean_ratio_arlo_vs_st": means["arlo_ideal_runtime"] / means["st_longest_runtime"],
+        "packing": packing,
+        "packed_vs_padded_throughput": packing["packed_vs_padded_throughput"],
     }
+
+
+#: Rows of every runtime in the padded-vs-packed comparison: the batch size of the padded runtimes above.
+PACKED_ROWS = 1
+#: Repeats of each timed group run (the minimum counts, as for the padded per-request timings).
+PACKED_REPEATS = 3
+
+
+def packed_vs_padded(encoder, requests, runtime_lengths, profiles, served, backend, clock) -> dict:
+    """The request mix at saturation: every request waits at its runtime, padded runs one per row, packed fills rows.
+
+    Padded figures are the per-request timings already taken (one [1, L] pass each); packed runtimes have the same
+    [PACKED_ROWS, L] shapes and run each runtime's whole backlog with ConcatBatching. Arlo routing (each request on
+    its ideal runtime) and ST (all on the longest) are both measured; the headline ratio is Arlo's.
+    """
+    from ops.static_runtime import PackedStaticRuntime, time_call
+
+    packed = {length: PackedStaticRuntime(encoder, length, PACKED_ROWS, backend=backend) for length in runtime_lengths}
+    backlog: dict[int, list] = {}
+    for ids in requests:
+        backlog.setdefault(runtime_lengths[profiles.ideal_index(len(ids))], []).append(ids)
+    longest = runtime_lengths[-1]
+    schemes = {"arlo_ideal_runtime": list(backlog.items()), "st_longest_runtime": [(longest, requests)]}
+    count = len(requests)
+    out: dict = {"rows": PACKED_ROWS, "requests": count, "throughput_req_per_cpu_s": {}, "forward_passes": {}}
+    for scheme, groups in schemes.items():
+        packed_s = sum(time_call(lambda: packed[length].run_tokens(group), PACKED_REPEATS, 0, "min", clock)
+                       for length, group in groups)
+        passes = sum(packed[length].num_passes([len(ids) for ids in group]) for length, group in groups)
+        padded_s = float(np.sum(served[scheme]))
+        out["throughput_req_per_cpu_s"][f"padded_{scheme}"] = count / padded_s
+        out["throughput_req_per_cpu_s"][f"packed_{scheme}"] = count / packed_s
+        out["forward_passes"][f"padded_{scheme}"] = count
+        out["forward_passes"][f"packed_{scheme}"] = passes
+        log.info("%s: padded %.1f req/s (%d passes), packed %.1f req/s (%d passes)", scheme, count / padded_s, count,
+                 count / packed_s, passes)
+    throughput = out["throughput_req_per_cpu_s"]
+    out["packed_vs_padded_throughput"] = throughput["packed_arlo_ideal_runtime"] / throughput["padded_arlo_ideal_runtime"]
+    out["st_packed_vs_padded_throughput"] = throughput["packed_st_longest_runtime"] / throughput["padded_st_longest_runtime"]
+    return out
 
 
 def main() -> None:
@@ -265,7 +310,8 @@ def main() -> None:
     args = parser.parse_args()
     figures: dict = {}
     if args.only_real:
-        emit_json({"real_minilm": real_minilm_run(args)})
+        real = real_minilm_run(args)
+        emit_json({"packed_vs_padded_throughput": real["packed_vs_padded_throughput"], "real_minilm": real})
         return
     log.info("1/4 allocation solve time")
     figures.update(allocation_solve_time(args))
@@ -288,6 +334,7 @@ def main() -> None:
     if not args.skip_real:
         log.info("4/4 real MiniLM runtimes")
         figures["real_minilm"] = real_minilm_run(args)
+        figures["packed_vs_padded_throughput"] = figures["real_minilm"]["packed_vs_padded_throughput"]
     emit_json(figures)
 
 
