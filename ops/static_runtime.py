@@ -82,6 +82,22 @@ def pad_token_batch(token_ids: Sequence[Sequence[int]], length: int, rows: int, 
     return PaddedBatch(input_ids, attention_mask, torch.zeros_like(input_ids), len(token_ids))
 
 
+def compile_static(module: nn.Module, example_args: tuple, backend: StaticBackend):
+    """`module` compiled for the shapes of `example_args` by `backend`, and run once (compile and warm up now, not
+    on the first request)."""
+    if backend == "trace":
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # tracer warnings about Python control flow on shapes: shapes are fixed
+            fn = torch.jit.freeze(torch.jit.trace(module, example_args).eval())
+    elif backend == "compile":
+        fn = torch.compile(module, dynamic=False)
+    else:
+        fn = module
+    with torch.inference_mode():
+        fn(*example_args)
+    return fn
+
+
 class StaticRuntime:
     """The encoder at one fixed shape [batch_size, max_length_tokens]."""
 
@@ -101,16 +117,7 @@ class StaticRuntime:
         example = pad_token_batch([[self.pad_id]], max_length_tokens, batch_size, self.pad_id)
         args = (example.input_ids, example.attention_mask, example.token_type_ids)
         started = time.perf_counter()
-        if backend == "trace":
-            with torch.no_grad(), warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # tracer warnings about Python control flow on shapes: shapes are fixed
-                self._fn = torch.jit.freeze(torch.jit.trace(module, args).eval())
-        elif backend == "compile":
-            self._fn = torch.compile(module, dynamic=False)
-        else:
-            self._fn = module
-        with torch.inference_mode():
-            self._fn(*args)  # compile / warm up now, not on the first request
+        self._fn = compile_static(module, args, backend)
         self.build_s = time.perf_counter() - started
         logger.info("static runtime L=%d b=%d (%s) built in %.1fs", max_length_tokens, batch_size, backend, self.build_s)
 
@@ -205,16 +212,7 @@ class PackedStaticRuntime:
         example = pack_requests([[self.pad_id]], max_length_tokens, pad_token_id=self.pad_id, trim=False)
         args = pad_packed_rows(example, rows, self.pad_id)
         started = time.perf_counter()
-        if backend == "trace":
-            with torch.no_grad(), warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # tracer warnings about Python control flow on shapes: shapes are fixed
-                self._fn = torch.jit.freeze(torch.jit.trace(module, args).eval())
-        elif backend == "compile":
-            self._fn = torch.compile(module, dynamic=False)
-        else:
-            self._fn = module
-        with torch.inference_mode():
-            self._fn(*args)  # compile / warm up now, not on the first request
+        self._fn = compile_static(module, args, backend)
         self.build_s = time.perf_counter() - started
         logger.info("packed static runtime L=%d rows=%d (%s) built in %.1fs", max_length_tokens, rows, backend, self.build_s)
 

@@ -14,7 +14,18 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from placement.placement_plan import Placement
-from placement.plan_spec import PlannerSpec, PlanSpec, ProfilesSpec, SimulationSpec, WorkloadSpec, prepare, run_planner
+from placement.plan_spec import (
+    PlannerSpec,
+    PlanSpec,
+    ProfilesSpec,
+    SimulationSpec,
+    WorkloadSpec,
+    model_names,
+    planner_config,
+    prepare,
+    run_planner,
+)
+from placement.replanning import ReplanPolicy
 from placement.spec import DeploymentSpec, format_validation_error
 
 
@@ -37,15 +48,33 @@ def parse_planning(data: dict[str, Any]) -> DeploymentPlanning:
         raise ValueError(f"invalid deployment spec: planning.{message}") from None
 
 
-def plan_deployment(spec: DeploymentSpec, base_dir: str | Path = ".") -> Placement:
-    """The placement of `spec`'s models on its cluster, planned from its `planning` section."""
+def planning_spec(spec: DeploymentSpec, models: list[str] | None = None) -> PlanSpec:
+    """The planning spec of a deployment spec's `planning` section, for `models` (default: all of the spec's)."""
     if spec.planning is None:
         raise ValueError("the spec has neither a placement nor a planning section")
     planning = parse_planning(spec.planning)
-    plan_spec = PlanSpec(
-        profiles=planning.profiles, models=[m.name for m in spec.models], slo_ms={m.name: m.slo_ms for m in spec.models},
+    names = models if models is not None else [m.name for m in spec.models]
+    return PlanSpec(
+        profiles=planning.profiles, models=names, slo_ms={name: spec.model(name).slo_ms for name in names},
         workload=planning.workload, cluster=spec.cluster, planner=planning.planner, simulation=planning.simulation,
     )
+
+
+def replan_policy(spec: DeploymentSpec, base_dir: str | Path = ".") -> ReplanPolicy:
+    """The live controller's keep-or-move policy for `spec` (its `controller` and `planning` sections)."""
+    if spec.controller is None:
+        raise ValueError("the spec has no controller section")
+    plan_spec = planning_spec(spec, sorted(spec.placement.models()) if spec.placement is not None else None)
+    profiles = plan_spec.profiles.load(Path(base_dir))
+    model_names(plan_spec, profiles)  # every placed model has a profile, or a ValueError names those without
+    return ReplanPolicy(profiles=profiles, num_devices=spec.cluster.num_devices, device_memory_bytes=spec.cluster.device_memory_bytes,
+                        planner=planner_config(plan_spec), min_gain=spec.controller.min_gain,
+                        fit_window_s=spec.controller.fit_window_s)
+
+
+def plan_deployment(spec: DeploymentSpec, base_dir: str | Path = ".") -> Placement:
+    """The placement of `spec`'s models on its cluster, planned from its `planning` section."""
+    plan_spec = planning_spec(spec)
     profiles, names, workload = prepare(plan_spec, Path(base_dir))
     placement = run_planner(plan_spec, profiles, names, workload)
     unplaced = sorted({m.name for m in spec.models} - placement.models())

@@ -187,14 +187,22 @@ def simulator_config(spec: PlanSpec):
     )
 
 
+def planner_config(spec: PlanSpec):
+    """The AlpaServe planner's knobs and simulated system a planning spec describes."""
+    from placement.planner import PlannerConfig
+    p = spec.planner
+    return PlannerConfig(beam_size=p.beam_size, fast=p.fast, replicas_per_round=p.replicas_per_round,
+                         screen_fraction=p.screen_fraction, max_group_devices=p.max_group_devices,
+                         allow_model_parallelism=p.name != "selective_replication",
+                         simulator=simulator_config(spec), name=p.name)
+
+
 def run_planner(spec: PlanSpec, profiles: ProfileSet, names: list[str], workload: Workload):
     """Run the spec's planner (AlpaServe §4.2, or a baseline) and return the normalized placement."""
     from placement.baselines import round_robin, selective_replication
-    from placement.planner import PlannerConfig, plan
+    from placement.planner import plan
     p = spec.planner
-    config = PlannerConfig(beam_size=p.beam_size, fast=p.fast, replicas_per_round=p.replicas_per_round,
-                           screen_fraction=p.screen_fraction, max_group_devices=p.max_group_devices,
-                           simulator=simulator_config(spec), name=p.name)
+    config = planner_config(spec)
     memory, devices = spec.cluster.device_memory_bytes, spec.cluster.num_devices
     if p.name == "alpaserve":
         placement = plan(names, profiles, workload, devices, memory, config)

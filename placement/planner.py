@@ -416,6 +416,21 @@ def plan(model_names: Sequence[str], profiles: ProfileSet, workload: Workload, n
     return Placement(groups=groups, predicted_slo_attainment=best[0], stats=stats)
 
 
+def select_models(model_names: Sequence[str], profiles: ProfileSet, workload: Workload,
+                  groups: Sequence[tuple[int, ParallelConfig]], device_memory_bytes: int,
+                  config: PlannerConfig | None = None) -> Placement:
+    """AlpaServe Alg. 1 alone, on a fixed group partition and parallel configurations: which models each given
+    group hosts. The live controller's warm start: re-selecting models on the running groups restarts nothing."""
+    config = config or PlannerConfig()
+    stats = SearchStats(planner=f"{config.name}-select")
+    started = time.perf_counter()
+    problem = _Problem(profiles, workload, device_memory_bytes, config, stats)
+    selection = greedy_selection(problem, list(model_names), list(groups), workload)
+    stats.wall_time_s = time.perf_counter() - started
+    placement = selection.placement()
+    return placement.model_copy(update={"predicted_slo_attainment": max(selection.attainment, 0.0), "stats": stats})
+
+
 def _min_devices(profiles: ProfileSet, bucket: Sequence[str], device_memory_bytes: int) -> int:
     weights = sum(profiles.models[n].get(ParallelConfig()).weight_bytes_per_device()
                   if profiles.models[n].has(ParallelConfig()) else 0 for n in bucket)

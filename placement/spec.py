@@ -23,6 +23,8 @@ MODEL_NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 #: Default bound on requests queued for one model's replicas before new ones are refused (503, overloaded).
 DEFAULT_MAX_QUEUED_REQUESTS = 256
+#: Default bound on requests in flight in one ingress replica (Serve's own default of 5 would cap the whole app).
+DEFAULT_INGRESS_MAX_ONGOING_REQUESTS = 512
 #: Default upper bound on the number of texts or images in one request.
 DEFAULT_MAX_ITEMS_PER_REQUEST = 256
 
@@ -119,6 +121,32 @@ class ServingSpec(_Strict):
     max_request_bytes: int = Field(default=DEFAULT_MAX_REQUEST_BYTES, ge=1024, description="Largest accepted HTTP body, in bytes.")
     max_items_per_request: int = Field(default=DEFAULT_MAX_ITEMS_PER_REQUEST, ge=1, description="Most texts or images in one request.")
     num_cpus_ingress: float = Field(default=0.25, gt=0, description="Logical CPUs reserved by the ingress replica.")
+    ingress_max_ongoing_requests: int = Field(
+        default=DEFAULT_INGRESS_MAX_ONGOING_REQUESTS, ge=1,
+        description="Requests one ingress replica handles at once (it mostly awaits model replicas, so many).")
+
+
+#: Default seconds between two decisions of the placement controller.
+DEFAULT_CONTROLLER_PERIOD_S = 60.0
+
+
+class ControllerSpec(_Strict):
+    """The live placement controller: re-plans under changing traffic and applies only what changed."""
+
+    enabled: bool = Field(default=True, description="Run the controller (it needs the spec's `planning.profiles`).")
+    period_s: float = Field(default=DEFAULT_CONTROLLER_PERIOD_S, gt=0,
+                            description="Seconds between two decisions; each judges the traffic of the last period.")
+    min_gain: float = Field(default=0.02, ge=0, le=1,
+                            description="Predicted SLO attainment gain (0..1) a re-placement must bring to be applied.")
+    fit_window_s: float = Field(default=10.0, gt=0,
+                                description="Seconds per rate/CV fit window; the latest window's traffic is planned for.")
+    max_changes_per_step: int = Field(default=1, ge=1, description="Group slots changed per rollout step (small batches).")
+    group_slots: int | None = Field(
+        default=None, ge=1,
+        description="Group deployments the application keeps (each runs a device group or stands empty); default: cluster.num_devices.")
+    history_size: int = Field(default=100, ge=1, description="Decisions kept for `GET /v1/placement/history`.")
+    stats_report_period_s: float = Field(default=1.0, gt=0, description="Seconds between the ingress's traffic reports to the controller.")
+    num_cpus: float = Field(default=0.05, gt=0, description="Logical CPUs reserved by the controller replica.")
 
 
 class DeploymentSpec(_Strict):
@@ -137,6 +165,11 @@ class DeploymentSpec(_Strict):
             "a group deployment running its models on the model-parallel runtime; a model in no group (or every "
             "model, without a placement) gets its own replicated single-device deployment."
         ),
+    )
+
+    controller: ControllerSpec | None = Field(
+        default=None,
+        description="The live placement controller (rayserve_apps/controller.py); null: the placement stays as deployed.",
     )
 
     @field_validator("models")
@@ -171,6 +204,20 @@ class DeploymentSpec(_Strict):
         if self.placement.num_devices > self.cluster.num_devices:
             raise ValueError(f"placement uses {self.placement.num_devices} devices; cluster.num_devices is {self.cluster.num_devices}")
         return self
+
+    @model_validator(mode="after")
+    def _check_controller(self) -> "DeploymentSpec":
+        if self.controller is None or not self.controller.enabled:
+            return self
+        if self.planning is None or "profiles" not in self.planning:
+            raise ValueError("controller: the placement controller needs `planning.profiles` to simulate candidates")
+        slots = self.controller.group_slots or self.cluster.num_devices
+        if self.placement is not None and len(self.placement.groups) > slots:
+            raise ValueError(f"controller.group_slots={slots} is fewer than the placement's {len(self.placement.groups)} groups")
+        return self
+
+    def controller_enabled(self) -> bool:
+        return self.controller is not None and self.controller.enabled
 
     def policy(self, role: str, model: str | None = None) -> PolicySpec | None:
         """The policy for `role`: the model's own if it names one, else the spec-wide one, else None."""

@@ -190,6 +190,27 @@ def fit_gamma_windows(trace: Trace, model_names: Sequence[str], window_s: float)
     return FittedTrace(names, window_s, rates, cvs)
 
 
+def fit_arrivals(model_names: Sequence[str], arrival_s: Sequence[np.ndarray], window_s: float, duration_s: float) -> FittedTrace:
+    """Fit rate and CV per (model, window) from observed arrival times (seconds from the start of the observation),
+    as `fit_gamma_windows` does for a MAF 2021 trace: the live controller's view of its own traffic."""
+    if window_s <= 0 or duration_s <= 0:
+        raise ValueError(f"window_s={window_s}, duration_s={duration_s}: both must be > 0")
+    if len(arrival_s) != len(model_names):
+        raise ValueError(f"{len(arrival_s)} arrival arrays for {len(model_names)} models")
+    num_windows = max(1, int(np.ceil(duration_s / window_s - 1e-9)))
+    rates = np.zeros((len(model_names), num_windows))
+    cvs = np.full((len(model_names), num_windows), DEFAULT_CV)
+    for m, times in enumerate(arrival_s):
+        times = np.sort(np.asarray(times, dtype=float))
+        edges = np.searchsorted(times, np.arange(num_windows + 1) * window_s)
+        for w in range(num_windows):
+            part = times[edges[w]:edges[w + 1]]
+            span = min(window_s, duration_s - w * window_s)
+            rates[m, w] = len(part) / span
+            cvs[m, w] = _cv_from_gaps(part)
+    return FittedTrace(list(model_names), window_s, rates, cvs)
+
+
 def trace_workload(trace: Trace, model_names: Sequence[str], slo_s: Sequence[float], window_s: float = 60.0,
                    rate_scale: float = 1.0, cv_scale: float = 1.0, seed: int = 0) -> Workload:
     """Fit, scale and resample (AlpaServe §6.2)."""

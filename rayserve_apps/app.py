@@ -17,7 +17,8 @@ from typing import Any
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
-from placement.placement_plan import GroupPlacement, Placement
+from placement.placement_plan import GroupPlacement
+from placement.rollout import SlotLayout
 from placement.spec import DeploymentSpec, ModelSpec, parse_spec
 from rayserve_apps.cluster_fit import check_placement_fits
 from rayserve_apps.group_deployment import GroupReplica, group_bundles
@@ -32,12 +33,17 @@ logger = logging.getLogger(__name__)
 
 #: The application name used by configs and by `serve.get_app_handle`.
 APP_NAME = "plexserve"
+#: Deployment name of the ingress and of the placement controller.
+INGRESS_DEPLOYMENT = "Ingress"
+CONTROLLER_DEPLOYMENT = "PlacementController"
 
 
 #: Logical CPUs the group replica itself (bundle 0) reserves; its stage actors run in the device bundles.
-GROUP_REPLICA_NUM_CPUS = 0.25
+GROUP_REPLICA_NUM_CPUS = 0.1
 #: Seconds between a group replica's routing-stats reports (hosted models, queue length) to the router.
 ROUTING_STATS_PERIOD_S = 1.0
+#: Seconds Serve waits for a stopping group replica's in-flight requests (a group stopped by a re-placement).
+GROUP_GRACEFUL_SHUTDOWN_TIMEOUT_S = 60.0
 
 
 def model_deployment_name(model: str) -> str:
@@ -48,34 +54,57 @@ def group_deployment_name(index: int) -> str:
     return f"group-{index}"
 
 
-def group_user_config(spec: DeploymentSpec, group: GroupPlacement, version: int) -> dict[str, Any]:
-    """The part of a group replica that can change without a restart: its hosted models."""
-    return {"models": [spec.model(name).model_dump(mode="json") for name in group.models], "placement_version": version}
+def num_group_slots(spec: DeploymentSpec) -> int:
+    """Group deployments of the application: one per group, or with the controller a fixed number of slots, so that
+    a re-placement changes slots (restarting only those) and never the application's shape."""
+    groups = len(spec.placement.groups) if spec.placement is not None else 0
+    if not spec.controller_enabled():
+        return groups
+    return max(groups, spec.controller.group_slots or spec.cluster.num_devices)  # type: ignore[union-attr]
 
 
-def ingress_user_config(placement: Placement | None, version: int) -> dict[str, Any]:
-    """The part of the ingress that can change without a restart: the placement it dispatches over."""
-    return {"placement": placement.model_dump(mode="json") if placement is not None else None, "placement_version": version}
+def initial_layout(spec: DeploymentSpec) -> SlotLayout:
+    return SlotLayout.from_placement(spec.placement, num_group_slots(spec))
 
 
-def _bundles(spec: DeploymentSpec, group: GroupPlacement) -> list[dict[str, float]]:
-    num_cpus_per_device = max(spec.model(name).num_cpus_per_replica for name in group.models)
+def group_user_config(spec: DeploymentSpec, group: GroupPlacement | None, version: int) -> dict[str, Any]:
+    """The part of a group slot that changes in place: its parallel configuration and hosted models."""
+    if group is None:
+        return {"num_devices": 0, "config": None, "models": [], "placement_version": version}
+    return {"num_devices": group.num_devices, "config": group.config.model_dump(),
+            "models": [spec.model(name).model_dump(mode="json") for name in group.models], "placement_version": version}
+
+
+def ingress_user_config(layout: SlotLayout, routes: list[list[str]], version: int) -> dict[str, Any]:
+    """The part of the ingress that changes in place: the slots' groups and where it may route each model."""
+    return {"layout": layout.model_dump(mode="json"), "routes": routes, "placement_version": version}
+
+
+def group_bundles_for(spec: DeploymentSpec, group: GroupPlacement | None) -> list[dict[str, float]]:
+    """Placement-group bundles of a slot's replica: the replica, then one per device (an empty slot: the replica)."""
+    if group is None:
+        return group_bundles(0, spec.cluster.device_resource, GROUP_REPLICA_NUM_CPUS, 0.0)
+    # The same for every slot of a shape, so that rehosting models never changes a slot's bundles (a restart).
+    grouped = spec.placement.models() if spec.placement is not None else set(group.models)
+    num_cpus_per_device = max(spec.model(name).num_cpus_per_replica for name in grouped | set(group.models))
     return group_bundles(group.num_devices, spec.cluster.device_resource, GROUP_REPLICA_NUM_CPUS, num_cpus_per_device)
 
 
-def _bind_group(spec: DeploymentSpec, index: int, group: GroupPlacement, version: int) -> Application:
+def _bind_group(spec: DeploymentSpec, index: int, group: GroupPlacement | None, version: int) -> Application:
+    models = group.models if group is not None else []
     return GroupReplica.options(
         name=group_deployment_name(index),
         num_replicas=1,
-        max_queued_requests=sum(spec.model(name).max_queued_requests for name in group.models),
+        max_queued_requests=max(1, sum(spec.model(name).max_queued_requests for name in models)) if models else -1,
         ray_actor_options={"num_cpus": GROUP_REPLICA_NUM_CPUS},
-        placement_group_bundles=_bundles(spec, group),
+        placement_group_bundles=group_bundles_for(spec, group),
         # A group's stages exchange activations every request: keep all its devices on one node.
         placement_group_strategy="STRICT_PACK",
+        graceful_shutdown_timeout_s=GROUP_GRACEFUL_SHUTDOWN_TIMEOUT_S,
         user_config=group_user_config(spec, group, version),
         request_router_config=RequestRouterConfig(request_router_class=ModelAwareRouter,
                                                   request_routing_stats_period_s=ROUTING_STATS_PERIOD_S),
-    ).bind(group_deployment_name(index), group.num_devices, group.config.model_dump(), spec.cluster.device_resource)
+    ).bind(group_deployment_name(index), spec.cluster.device_resource)
 
 
 def _bind_model(spec: DeploymentSpec, model: ModelSpec) -> Application:
@@ -112,14 +141,24 @@ def resolve_placement(spec: DeploymentSpec) -> DeploymentSpec:
 def build_app(args: dict[str, Any] | DeploymentSpec) -> Application:
     """Ray Serve application builder: `import_path: rayserve_apps.app:build_app`, `args:` a deployment spec."""
     spec = resolve_placement(parse_spec(args))
+    layout = initial_layout(spec)
     ingress = Ingress.options(ray_actor_options={"num_cpus": spec.serving.num_cpus_ingress},
-                              user_config=ingress_user_config(spec.placement, version=0))
+                              max_ongoing_requests=spec.serving.ingress_max_ongoing_requests,
+                              user_config=ingress_user_config(layout, layout.routes(), version=0))
     groups = []
     if spec.placement is not None:
         resource = spec.cluster.device_resource
-        check_placement_fits(spec, [sum(b.get(resource, 0.0) for b in _bundles(spec, g)) for g in spec.placement.groups])
-        groups = [_bind_group(spec, i, group, version=0) for i, group in enumerate(spec.placement.groups)]
+        check_placement_fits(spec, [sum(b.get(resource, 0.0) for b in group_bundles_for(spec, g)) for g in spec.placement.groups])
+        groups = [_bind_group(spec, i, group, version=0) for i, group in enumerate(layout.slots)]
     grouped = spec.placement.models() if spec.placement is not None else set()
     handles = {model.name: _bind_model(spec, model) for model in spec.models if model.name not in grouped}
-    logger.info("plexserve app: %d models, %d device groups, %d single-model deployments", len(spec.models), len(groups), len(handles))
-    return ingress.bind(spec.model_dump(mode="json"), model_handles=handles, group_handles=groups)
+    controller = None
+    if spec.controller_enabled():
+        from rayserve_apps.controller import PlacementController
+
+        controller = PlacementController.options(
+            name=CONTROLLER_DEPLOYMENT, num_replicas=1, ray_actor_options={"num_cpus": spec.controller.num_cpus},  # type: ignore[union-attr]
+        ).bind(spec.model_dump(mode="json"))
+    logger.info("plexserve app: %d models, %d group slots, %d single-model deployments, controller %s",
+                len(spec.models), len(groups), len(handles), "on" if controller is not None else "off")
+    return ingress.bind(spec.model_dump(mode="json"), model_handles=handles, group_handles=groups, controller=controller)

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from ray.serve.handle import DeploymentHandle
 
 from placement.dispatch import make_dispatch
-from placement.placement_plan import Placement
+from placement.rollout import SlotLayout
 from placement.spec import DeploymentSpec
 from rayserve_apps import metrics
 from rayserve_apps.group_dispatch import GroupDispatcher
@@ -44,24 +44,25 @@ class ModelDeploymentBackend:
 
 
 class GroupBackend:
-    """Device groups of a placement: the dispatch policy picks the group, or refuses the request."""
+    """Device groups of a placement, one per group slot: the dispatch policy picks the group, or refuses."""
 
-    def __init__(self, spec: DeploymentSpec, handles: list[DeploymentHandle]):
-        assert spec.placement is not None
+    def __init__(self, spec: DeploymentSpec, handles: list[DeploymentHandle], layout: SlotLayout):
         self.spec = spec
-        self.placement = spec.placement
+        self.layout = layout
+        self.routes = layout.routes()
         self.version = 0
         self.handles = handles
         dispatch = spec.policy("dispatch")
         policy = make_dispatch(dispatch.name, **dispatch.params) if dispatch else make_dispatch(DEFAULT_DISPATCH)
-        self.dispatcher = GroupDispatcher(self.placement, policy)
+        self.dispatcher = GroupDispatcher(self.routes, policy)
 
-    def set_placement(self, placement: Placement, version: int) -> None:
-        if len(placement.groups) != len(self.handles):
-            raise ValueError(f"placement has {len(placement.groups)} groups; this application runs {len(self.handles)}")
-        self.placement = placement
-        self.version = version
-        self.dispatcher.set_placement(placement)
+    def set_layout(self, layout: SlotLayout, routes: list[list[str]], version: int) -> None:
+        """Adopt the slots' groups and where each model may be routed (during a rollout step: what serves both
+        before and after it, see `placement.rollout.transition_routes`)."""
+        if len(layout.slots) != len(self.handles) or len(routes) != len(self.handles):
+            raise ValueError(f"layout has {len(layout.slots)} slots and {len(routes)} routes; this application runs {len(self.handles)} group slots")
+        self.dispatcher.set_routes(routes)
+        self.layout, self.routes, self.version = layout, routes, version
 
     async def call(self, model: str, method: str, payload: Any, deadline_s: float, options: dict[str, Any]) -> Any:
         if options:
@@ -71,9 +72,13 @@ class GroupBackend:
         group = self.dispatcher.choose(model, now, deadline_s)
         if group is None:
             hosts = self.dispatcher.hosts(model)
-            reason = "no group hosts the model" if not hosts else "no group hosting the model can finish it within its SLO"
-            metrics.rejections_total().inc(tags={"model": model, "reason": "slo_unattainable" if hosts else "not_hosted"})
-            raise RequestError(503, "slo_unattainable", f"model {model!r}: {reason} ({len(hosts)} hosting groups busy)")
+            if not hosts:  # between two steps of a re-placement that moves the model's only group
+                metrics.rejections_total().inc(tags={"model": model, "reason": "not_hosted"})
+                raise RequestError(503, "not_hosted", f"model {model!r}: no group hosts the model right now "
+                                   "(a re-placement is moving it); retry")
+            metrics.rejections_total().inc(tags={"model": model, "reason": "slo_unattainable"})
+            raise RequestError(503, "slo_unattainable", f"model {model!r}: no group hosting the model can finish it "
+                               f"within its SLO ({len(hosts)} hosting groups busy)")
         ahead = self.dispatcher.started(group)
         latency = None
         try:
@@ -84,7 +89,8 @@ class GroupBackend:
             self.dispatcher.finished(group, model, latency, ahead)
 
     def describe(self) -> dict[str, Any]:
-        return {"version": self.version, "placement": self.placement.model_dump(mode="json"),
+        return {"version": self.version, "placement": self.layout.placement().model_dump(mode="json"),
+                "slots": self.layout.model_dump(mode="json")["slots"], "routes": self.routes,
                 "group_deployments": [f"group-{i}" for i in range(len(self.handles))]}
 
 

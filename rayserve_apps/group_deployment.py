@@ -94,13 +94,12 @@ class HostedModel:
 class GroupReplica:
     """Serves the models of one device group; its hosted models come from `user_config`."""
 
-    def __init__(self, group_name: str, num_devices: int, config: dict, device_resource: str):
+    def __init__(self, group_name: str, device_resource: str):
         self.group_name = group_name
-        self.config = ParallelConfig.model_validate(config)
-        if self.config.num_devices != num_devices:
-            raise ValueError(f"group {group_name}: config {self.config.key()} does not use {num_devices} devices")
         self.device_resource = device_resource
         self.placement_group = get_current_placement_group()
+        #: The parallel configuration every hosted model runs with; None while the slot is empty.
+        self.config: ParallelConfig | None = None
         self.models: dict[str, HostedModel] = {}
         self.placement_version = -1
         self.started_at_s = time.time()
@@ -113,6 +112,7 @@ class GroupReplica:
         source = model_source(spec)
         # Text: the stages run embeddings and blocks; pooling of packed rows happens here, per request.
         num_layers = _num_layers(source) - (1 if spec.kind == "text" else 0)
+        assert self.config is not None
         plan = ParallelPlan.even(num_layers, pipeline_stages=self.config.pipeline_stages, intra_op_degree=self.config.intra_op_degree)
         bundle_indices = None
         if self.placement_group is not None:
@@ -125,14 +125,32 @@ class GroupReplica:
         logger.info("group %s: started %s (%s)", self.group_name, spec.name, self.config.key())
         return HostedModel(spec=spec, runtime=runtime, tokenizer=tokenizer)
 
+    def _device_bundles(self) -> int:
+        """Device bundles this replica holds (bundle 0 is its own)."""
+        return len(self.placement_group.bundle_specs) - 1 if self.placement_group is not None else 0
+
     async def reconfigure(self, user_config: dict[str, Any]) -> None:
-        """Apply a new set of hosted models: load the new, then drain and drop the old (no replica restart)."""
+        """Apply a new set of hosted models (and parallel configuration): load the new, then drain and drop the old,
+        without a replica restart. The devices themselves are the slot's placement-group bundles."""
         specs = [ModelSpec.model_validate(m) for m in user_config.get("models", [])]
         if len(specs) > MAX_MODELS_PER_GROUP:
             raise ValueError(f"group {self.group_name}: {len(specs)} models exceed MAX_MODELS_PER_GROUP={MAX_MODELS_PER_GROUP}")
+        config = ParallelConfig.model_validate(user_config["config"]) if user_config.get("config") else None
+        if specs and config is None:
+            raise ValueError(f"group {self.group_name}: user_config.config is required when models are hosted")
+        num_devices = int(user_config.get("num_devices", config.num_devices if config else 0))
+        if config is not None and config.num_devices != num_devices:
+            raise ValueError(f"group {self.group_name}: config {config.key()} does not use num_devices={num_devices}")
+        if self.placement_group is not None and num_devices > self._device_bundles():
+            raise ValueError(f"group {self.group_name}: user_config.num_devices={num_devices} but the replica holds "
+                             f"{self._device_bundles()} device bundles")
+        restart_all = config != self.config
+        self.config = config
         wanted = {spec.name: spec for spec in specs}
-        started = {name: await asyncio.to_thread(self._start_model, spec) for name, spec in wanted.items()
-                   if name not in self.models or self.models[name].spec != spec}
+        to_start = [spec for name, spec in wanted.items() if restart_all or name not in self.models or self.models[name].spec != spec]
+        # Models start side by side: each waits mostly for its stage actors' processes to come up.
+        started = dict(zip([spec.name for spec in to_start],
+                           await asyncio.gather(*(asyncio.to_thread(self._start_model, spec) for spec in to_start))))
         dropped = [self.models[name] for name in self.models if name not in wanted or name in started]
         self.models = {**{n: m for n, m in self.models.items() if n in wanted and n not in started}, **started}
         for hosted in dropped:
@@ -228,7 +246,7 @@ class GroupReplica:
             await hosted.ready.wait()
             stage_pids[name] = [list(await asyncio.gather(*(actor.ping.remote() for actor in row))) for row in hosted.runtime.actor_handles()]
         return {
-            "group": self.group_name, "config": self.config.model_dump(), "models": sorted(self.models),
+            "group": self.group_name, "config": self.config.model_dump() if self.config else None, "models": sorted(self.models),
             "placement_version": self.placement_version, "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
             "started_at_s": self.started_at_s, "queue_length": self.queue_length(), "stage_actor_pids": stage_pids,
             "rebuilds": {name: hosted.rebuilds for name, hosted in self.models.items()},

@@ -1,21 +1,27 @@
 """Ingress-side dispatch across device groups: which group deployment serves a request (AlpaServe §4.3).
 
 The ingress is the one sender of requests to the groups, so it knows each group's queue (requests it sent and
-that have not come back). Per (group, model) it keeps a running estimate of the service time, measured from
-answered requests. For each request it builds the same `placement.dispatch.GroupView`s the simulator builds and
+that have not come back). Per (group, model) it estimates the service time as the median of the latest answered
+requests' measurements (robust to one stalled request), and an idle group with a stale estimate gets one request
+as a probe. For each request it builds the same `placement.dispatch.GroupView`s the simulator builds and
 asks the same policy object; `None` means no group hosting the model can finish the request within its SLO, and
 the ingress answers 503 at once.
 """
 
 from __future__ import annotations
 
+import statistics
+import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from placement.dispatch import DispatchPolicy, GroupView
-from placement.placement_plan import Placement
 
-#: Weight of a new latency measurement in the running estimate (exponential moving average).
-LATENCY_EWMA_WEIGHT = 0.3
+#: Latest measurements per (group, model) whose median is the service-time estimate: one stall (a replica being
+#: replaced, a model loading beside it) must not refuse a model's requests for long.
+LATENCY_SAMPLES = 15
+#: Seconds without a measurement after which an idle group's estimate is re-checked by admitting one request.
+PROBE_AFTER_S = 2.0
 
 
 @dataclass
@@ -24,27 +30,37 @@ class GroupState:
     in_flight: int = 0
     #: model -> estimated seconds one request takes in this group (None until measured).
     service_s: dict[str, float] = field(default_factory=dict)
+    #: model -> when (time.monotonic()) its estimate was last measured.
+    measured_at_s: dict[str, float] = field(default_factory=dict)
+    #: model -> the latest per-request service times measured.
+    samples: dict[str, deque] = field(default_factory=dict)
 
 
 class GroupDispatcher:
-    """Tracks in-flight requests per group and asks a dispatch policy where each request goes."""
+    """Tracks in-flight requests per group slot and asks a dispatch policy where each request goes."""
 
-    def __init__(self, placement: Placement, policy: DispatchPolicy):
+    def __init__(self, routes: list[list[str]], policy: DispatchPolicy):
         self.policy = policy
-        self.groups = [GroupState(models=frozenset(group.models)) for group in placement.groups]
+        self.groups = [GroupState(models=frozenset(models)) for models in routes]
 
-    def set_placement(self, placement: Placement) -> None:
-        """Adopt new hosted-model sets, keeping queues and estimates of groups that stay."""
-        for index, group in enumerate(placement.groups):
-            if index < len(self.groups):
-                self.groups[index].models = frozenset(group.models)
-            else:
-                self.groups.append(GroupState(models=frozenset(group.models)))
-        del self.groups[len(placement.groups):]
+    def set_routes(self, routes: list[list[str]]) -> None:
+        """Adopt new per-slot model sets. A slot whose models change keeps its queue (requests in flight there
+        still come back) but forgets the service times of models it no longer hosts."""
+        if len(routes) != len(self.groups):
+            raise ValueError(f"routes name {len(routes)} group slots; this application runs {len(self.groups)}")
+        for state, models in zip(self.groups, routes):
+            state.models = frozenset(models)
+            state.service_s = {m: s for m, s in state.service_s.items() if m in state.models}
+            state.measured_at_s = {m: t for m, t in state.measured_at_s.items() if m in state.models}
+            state.samples = {m: d for m, d in state.samples.items() if m in state.models}
 
     def _view(self, index: int, model: str, now_s: float) -> GroupView:
         state = self.groups[index]
         service = state.service_s.get(model, 0.0)
+        if state.in_flight == 0 and now_s - state.measured_at_s.get(model, now_s) > PROBE_AFTER_S:
+            # An idle group whose estimate is stale gets one request as a probe: an estimate inflated by a slow
+            # spell (a model loading beside it, a rebuild) would otherwise refuse that model for ever.
+            service = 0.0
         # Requests ahead of this one finish first (FCFS); the estimate is optimistic until measured.
         return GroupView(group_id=index, models=state.models, queue_length=state.in_flight,
                          free_at_s=now_s + state.in_flight * service,
@@ -70,5 +86,7 @@ class GroupDispatcher:
         if latency_s is not None:
             # The request waited behind `ahead` others (FCFS), so its own share is about latency / (ahead + 1).
             sample = latency_s / (ahead + 1)
-            previous = state.service_s.get(model)
-            state.service_s[model] = sample if previous is None else (1 - LATENCY_EWMA_WEIGHT) * previous + LATENCY_EWMA_WEIGHT * sample
+            state.measured_at_s[model] = time.monotonic()
+            samples = state.samples.setdefault(model, deque(maxlen=LATENCY_SAMPLES))
+            samples.append(sample)
+            state.service_s[model] = statistics.median(samples)

@@ -6,6 +6,7 @@ HTTP (FastAPI inside Ray Serve):
   token-adaptation (OTAS) model, optional `"task"`, `"slo_ms"`, `"utility"` -> `{"model", "predictions"}`
 - `GET  /v1/models`                  the served models with their kind and limits
 - `GET  /v1/placement`               the live placement (groups, their models, replicas) or the per-model layout
+- `GET  /v1/placement/history`       the placement controller's recent decisions (`?limit=N`)
 - `GET  /healthz`
 
 Python: `handle.embed.remote(model, texts)`, `handle.classify.remote(model, images)`, `handle.list_models.remote()`
@@ -25,10 +26,12 @@ from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 
 from models.text_encoder import TextTokenizer, load_text_tokenizer
-from placement.placement_plan import Placement
+from placement.rollout import SlotLayout
+from placement.traffic_window import RequestRecord
 from placement.spec import DeploymentSpec, ModelSpec, parse_spec
 from rayserve_apps import metrics
 from rayserve_apps.backends import Backend, GroupBackend, ModelDeploymentBackend, ModelRouterBackend
+from rayserve_apps.traffic_reporter import TrafficReporter
 from rayserve_apps.requests import (
     QUERY_OPTION_FIELDS,
     ImageContract,
@@ -45,6 +48,8 @@ logger = logging.getLogger("ray.serve")
 
 #: Status answered when a model replica fails while serving a valid request.
 REPLICA_FAILURE_STATUS = 503
+#: Decisions `GET /v1/placement/history` returns unless `?limit=` says otherwise.
+DEFAULT_HISTORY_LIMIT = 20
 
 app = FastAPI(title="plexserve", description="Many transformer models on one Ray cluster.")
 
@@ -66,10 +71,13 @@ class Ingress:
     """Validates, tokenizes and forwards each request to the deployment of its model."""
 
     def __init__(self, spec: dict, model_handles: dict[str, DeploymentHandle] | None = None,
-                 group_handles: list[DeploymentHandle] | None = None):
+                 group_handles: list[DeploymentHandle] | None = None, controller: DeploymentHandle | None = None):
         self.spec: DeploymentSpec = parse_spec(spec)
         self.group_handles = group_handles or []
-        self.groups = GroupBackend(self.spec, self.group_handles) if self.group_handles else None
+        layout = SlotLayout.from_placement(self.spec.placement, len(self.group_handles))
+        self.groups = GroupBackend(self.spec, self.group_handles, layout) if self.group_handles else None
+        self.controller = controller
+        self.traffic = TrafficReporter(controller, self.spec.controller.stats_report_period_s) if controller and self.spec.controller else None
         self.backend: Backend = ModelRouterBackend(self.groups, ModelDeploymentBackend(model_handles or {}))
         self._answered: dict[str, int] = {}
         self._met: dict[str, int] = {}
@@ -82,12 +90,16 @@ class Ingress:
         }
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
-        """Adopt a new placement (hosted models per group) without a restart; see `live_update.py`."""
-        placement = user_config.get("placement")
-        if placement is None or self.groups is None:
+        """Adopt the slots' groups and routes of a re-placement step without a restart; see `live_update.py`."""
+        if user_config.get("layout") is None or self.groups is None:
             return
-        self.groups.set_placement(Placement.model_validate(placement), int(user_config.get("placement_version", 0)))
+        layout = SlotLayout.model_validate(user_config["layout"])
+        self.groups.set_layout(layout, user_config.get("routes", layout.routes()), int(user_config.get("placement_version", 0)))
         metrics.placement_version().set(self.groups.version, tags={"group": "ingress"})
+
+    def placement_version(self) -> int:
+        """The placement version this replica routes by (the controller waits for it after each rollout step)."""
+        return self.groups.version if self.groups is not None else 0
 
     # ---- Python API (also what the HTTP routes call) ----
 
@@ -120,33 +132,46 @@ class Ingress:
         return {"models": [describe_model(m, self.text_limits.get(m.name)) for m in self.spec.models]}
 
     async def placement(self) -> dict[str, Any]:
-        """The live layout: the placement and, per group, what its replica reports."""
+        """The live layout: the placement and, per group slot, what its replica reports."""
         layout = self.backend.describe()
         if self.group_handles:
             layout["groups"] = [await handle.info.remote() for handle in self.group_handles]
         return layout
+
+    async def placement_history(self, limit: int = DEFAULT_HISTORY_LIMIT) -> dict[str, Any]:
+        """The placement controller's recent decisions, newest last."""
+        if self.controller is None:
+            raise RequestError(404, "no_controller", "this application runs no placement controller (spec field 'controller')")
+        return {"decisions": await self.controller.history.remote(limit)}
 
     async def _call(self, spec: ModelSpec, method: str, payload: Any, options: dict[str, Any] | None = None,
                     slo_ms: float | None = None) -> Any:
         """Send to the backend with the SLO (the request's, else the model's) as deadline; count outcomes and
         SLO attainment."""
         start = time.monotonic()
+        arrival = time.time()
         model = spec.name
         slo_ms = spec.slo_ms if slo_ms is None else slo_ms
+        tokens = max((len(ids) for ids in payload), default=0) if method == "embed_token_ids" else 0
         try:
             result = await self.backend.call(model, method, payload, start + slo_ms / 1000.0, options or {})
         except RequestError as error:
-            metrics.requests_total().inc(tags={"model": model, "outcome": "rejected" if error.status_code == 503 else "invalid"})
+            outcome = "rejected" if error.status_code == 503 else "invalid"
+            metrics.requests_total().inc(tags={"model": model, "outcome": outcome})
+            self._report(RequestRecord(model, arrival, outcome, input_tokens=tokens))
             raise
         except BackPressureError:
             metrics.rejections_total().inc(tags={"model": model, "reason": "overloaded"})
             metrics.requests_total().inc(tags={"model": model, "outcome": "rejected"})
+            self._report(RequestRecord(model, arrival, "rejected", input_tokens=tokens))
             raise
         except Exception:
             metrics.requests_total().inc(tags={"model": model, "outcome": "failed"})
+            self._report(RequestRecord(model, arrival, "failed", input_tokens=tokens))
             raise
         latency_ms = (time.monotonic() - start) * 1000.0
         met = latency_ms <= slo_ms
+        self._report(RequestRecord(model, arrival, "ok", latency_ms=latency_ms, slo_met=met, input_tokens=tokens))
         self._answered[model] = self._answered.get(model, 0) + 1
         self._met[model] = self._met.get(model, 0) + int(met)
         metrics.requests_total().inc(tags={"model": model, "outcome": "ok"})
@@ -155,6 +180,10 @@ class Ingress:
             metrics.slo_met_total().inc(tags={"model": model})
         metrics.slo_attainment().set(self._met[model] / self._answered[model], tags={"model": model})
         return result
+
+    def _report(self, record: RequestRecord) -> None:
+        if self.traffic is not None:
+            self.traffic.add(record)
 
     # ---- HTTP ----
 
@@ -208,6 +237,15 @@ class Ingress:
     @app.get("/v1/placement")
     async def http_placement(self) -> dict[str, Any]:
         return await self.placement()
+
+    @app.get("/v1/placement/history")
+    async def http_placement_history(self, limit: int = DEFAULT_HISTORY_LIMIT) -> JSONResponse:
+        try:
+            if limit < 1:
+                raise RequestError(422, "invalid_field", f"limit must be >= 1, got {limit}", field="limit")
+            return JSONResponse(await self.placement_history(limit))
+        except RequestError as error:
+            return JSONResponse(error.to_json(), status_code=error.status_code)
 
     @app.get("/healthz")
     def http_health(self) -> dict[str, str]:

@@ -89,3 +89,27 @@ def batch_utility_total() -> Counter:
 def dropped_requests_total() -> Counter:
     return Counter("plexserve_dropped_requests_total", description="Texts dropped because their deadline passed while waiting.",
                    tag_keys=("model",))
+
+
+@cache
+def controller_decisions_total() -> Counter:
+    return Counter("plexserve_controller_decisions_total",
+                   description="Placement controller decisions, by outcome (kept, applied, failed, idle).", tag_keys=("outcome",))
+
+
+@cache
+def controller_predicted_gain() -> Gauge:
+    return Gauge("plexserve_controller_predicted_gain",
+                 description="Predicted SLO attainment gain (0..1) of the controller's latest decision.")
+
+
+@cache
+def controller_decision_seconds() -> Gauge:
+    return Gauge("plexserve_controller_decision_seconds",
+                 description="Seconds the controller's latest decision took (planning and applying).")
+
+
+@cache
+def placement_changes_total() -> Counter:
+    return Counter("plexserve_placement_changes_total",
+                   description="Group slots changed by re-placements, by kind (rehost, start, stop).", tag_keys=("kind",))

@@ -61,3 +61,19 @@ def test_json_schema_documents_every_field():
         for name, prop in definition.get("properties", {}).items():
             assert prop.get("description"), f"{definition['title']}.{name} has no description"
     assert DeploymentSpec.model_json_schema()["required"] == ["models"]
+
+
+def test_controller_needs_profiles_and_enough_group_slots():
+    text = {"name": "t", "kind": "text", "source": "package:all-minilm-l6-v2"}
+    group = {"num_devices": 1, "config": {"intra_op_degree": 1, "pipeline_stages": 1}, "models": ["t"]}
+    base = {"models": [text], "cluster": {"num_devices": 2}, "placement": {"groups": [group, group]}}
+    with pytest.raises(ValueError, match=r"controller: .*planning.profiles"):
+        parse_spec({**base, "controller": {}})
+    planning = {"profiles": {"path": "profiles.json"}}
+    with pytest.raises(ValueError, match="group_slots=1"):
+        parse_spec({**base, "planning": planning, "controller": {"group_slots": 1}})
+    with pytest.raises(ValueError, match=r"controller\.period_s"):
+        parse_spec({**base, "planning": planning, "controller": {"period_s": 0}})
+    spec = parse_spec({**base, "planning": planning, "controller": {"period_s": 30}})
+    assert spec.controller_enabled() and spec.controller.period_s == 30
+    assert not parse_spec({**base, "controller": {"enabled": False}}).controller_enabled()

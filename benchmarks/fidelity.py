@@ -1,0 +1,369 @@
+"""Fidelity and load: the live system against the simulator on one trace whose popularity shifts halfway.
+
+On this machine (2 logical devices on 2 shared cores, a stand-in for a GPU cluster), three text models with
+MiniLM's real weights (minilm-a, -b, -c) serve a Gamma trace whose popularity moves from minilm-a to minilm-c at
+half time. Steps, side by side in one run:
+
+1. **Measure profiles** on the live system: one deployment hosting every model on both devices; lone requests
+   through the ingress and straight to a group replica give each model's service time and the ingress overhead.
+   They become a `ProfileSet` (source 'measured') for the planner, the controller and the simulator.
+2. **Deploy** the application with the placement the planner picks for the first half and the controller on.
+3. **Static run**: the controller paused; the trace replayed through the ingress (Python handle API).
+4. **Controller run**: the placement reset, the controller on (period `--period-s`); the same trace replayed.
+5. **Simulate** both runs on the same requests with the measured profiles: the static run on its placement, the
+   controller run piecewise on the placements in force (switching when each re-placement finished).
+6. **Load past saturation**: a burst at several times the capacity; accepted, rejected (503) and failed counts.
+
+Final JSON line: attainment_real and attainment_sim (controller run), abs_gap, static_attainment_real and
+static_attainment_sim, controller_gain_real (controller run minus static run, second half), failed_accepted,
+and the re-placements with their times. A PNG timeline (rate per model, attainment per window, re-placements)
+goes to benchmarks/out/fidelity.png.
+
+    python benchmarks/fidelity.py --quick
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np  # noqa: E402
+
+from benchmarks._common import emit_json, machine_description, make_parser, out_dir, setup_logging  # noqa: E402
+
+MODELS = ["minilm-a", "minilm-b", "minilm-c"]
+DEVICE_RESOURCE = "plex_device"
+NUM_DEVICES = 2
+#: Logical CPUs declared to Ray (fractional replicas on 2 physical cores).
+RAY_NUM_CPUS = 8
+#: The request every client sends: one short sentence.
+TEXT = "plexserve keeps a running deployment matched to its traffic"
+#: Lone requests per model when profiling (the median is kept).
+PROFILE_REQUESTS = 30
+#: SLO = this many times the slowest model's profiled latency (AlpaServe §6.2 "SLO scale").
+SLO_SCALE = 8.0
+#: Offered load as a share of the two devices' capacity.
+LOAD_FACTOR = 0.85
+#: Inter-arrival CV of the Gamma processes (bursty, as in AlpaServe §6.2).
+TRACE_CV = 2.0
+#: Popularity of the models before and after the shift.
+SHARES_BEFORE = (0.7, 0.2, 0.1)
+SHARES_AFTER = (0.1, 0.2, 0.7)
+#: Load phase: offered rate as a multiple of capacity, and its length in seconds.
+SATURATION_FACTOR = 4.0
+SATURATION_S = 8.0
+#: Width of the attainment windows in the timeline, seconds.
+TIMELINE_BIN_S = 5.0
+
+log = setup_logging("fidelity")
+
+
+def spec_dict(placement: dict | None, profiles_path: str | None, slo_ms: float, period_s: float) -> dict:
+    spec: dict = {
+        "cluster": {"num_devices": NUM_DEVICES, "device_resource": DEVICE_RESOURCE},
+        "models": [{"name": m, "kind": "text", "source": "package:all-minilm-l6-v2", "slo_ms": slo_ms,
+                    "num_cpus_per_replica": 0.5, "max_queued_requests": 64} for m in MODELS],
+        "placement": placement,
+    }
+    if profiles_path is not None:
+        spec["planning"] = {"profiles": {"path": profiles_path}, "planner": {"max_group_devices": 1}}
+        spec["controller"] = {"period_s": period_s, "fit_window_s": period_s, "min_gain": 0.02}
+    return spec
+
+
+def one_device_group(models: list[str]) -> dict:
+    return {"num_devices": 1, "config": {"intra_op_degree": 1, "pipeline_stages": 1}, "models": models}
+
+
+def deploy(spec: dict, http_options: dict) -> None:
+    from placement.spec import parse_spec
+    from rayserve_apps.live_update import application_config, apply_config
+
+    apply_config([application_config(parse_spec(spec))], http_options)
+
+
+async def timed(call) -> float:
+    started = time.perf_counter()
+    await call
+    return time.perf_counter() - started
+
+
+async def profile_live(handle) -> tuple[dict[str, float], float]:
+    """Per model: median service time straight to a group replica; and the median ingress overhead."""
+    from ray import serve
+
+    from models.text_encoder import load_text_tokenizer
+
+    token_ids = load_text_tokenizer("package:all-minilm-l6-v2").encode([TEXT])
+    group = serve.get_deployment_handle("group-0", app_name="plexserve")
+    service, overhead = {}, []
+    for model in MODELS:
+        for _ in range(3):  # warm-up
+            await handle.embed.remote(model, [TEXT])
+        direct = [await timed(group.embed_token_ids.remote(model, token_ids)) for _ in range(PROFILE_REQUESTS)]
+        through = [await timed(handle.embed.remote(model, [TEXT])) for _ in range(PROFILE_REQUESTS)]
+        service[model] = float(np.median(direct))
+        overhead.append(float(np.median(through)) - service[model])
+        log.info("profile %s: %.1f ms in the group, %.1f ms through the ingress", model, 1e3 * service[model], 1e3 * np.median(through))
+    return service, max(0.0, float(np.median(overhead)))
+
+
+def measured_profiles(service_s: dict[str, float], weight_bytes: int):
+    from placement.profiles import ConfigProfile, ModelProfile, ParallelConfig, ProfileSet, StageProfile
+
+    models = {m: ModelProfile(name=m, configs=[ConfigProfile(config=ParallelConfig(), stages=[
+        StageProfile(latency_s={1: s}, weight_bytes_per_device=weight_bytes)])]) for m, s in service_s.items()}
+    return ProfileSet(source="measured", device=f"1 logical device = 0.5 CPU share of {machine_description()}", models=models)
+
+
+def make_trace(total_rate: float, duration_s: float, slo_s: float, seed: int):
+    from placement.workload import GammaProcess, ModelTraffic, Workload, generate_workload
+
+    half = duration_s / 2
+    parts = [generate_workload(MODELS, [ModelTraffic(GammaProcess(total_rate * share, TRACE_CV), slo_s) for share in shares],
+                               half, seed=seed + k, start_s=k * half)
+             for k, shares in enumerate((SHARES_BEFORE, SHARES_AFTER))]
+    return Workload.merge(parts)
+
+
+async def replay(handle, workload, slo_s: float) -> dict[str, np.ndarray]:
+    """Send every request at its arrival time; per request: latency (s, NaN if not answered) and outcome."""
+    from ray.serve.exceptions import BackPressureError
+
+    n = len(workload)
+    latency = np.full(n, np.nan)
+    outcome = np.zeros(n, dtype=np.int8)  # 0 ok, 1 rejected (503 / back pressure), 2 failed
+    start = time.perf_counter()
+
+    async def one(i: int) -> None:
+        sent = time.perf_counter()
+        try:
+            await handle.embed.remote(workload.model_names[workload.model[i]], [TEXT])
+            latency[i] = time.perf_counter() - sent
+        except BackPressureError:
+            outcome[i] = 1
+        except Exception as error:  # noqa: BLE001 - sorted into rejected (503) and failed
+            outcome[i] = 1 if getattr(error, "status_code", None) == 503 or "503" in str(error)[:200] else 2
+            if outcome[i] == 2:
+                log.warning("request %d failed: %s", i, str(error)[:200])
+
+    tasks = []
+    next_report = 0.0
+    for i in range(n):
+        delay = workload.arrival_s[i] - (time.perf_counter() - start)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.ensure_future(one(i)))
+        if workload.arrival_s[i] >= next_report:
+            log.info("replay: t=%.0f s, %d/%d requests sent", workload.arrival_s[i], i + 1, n)
+            next_report += 10.0
+    await asyncio.gather(*tasks)
+    met = (outcome == 0) & (latency <= slo_s)
+    return {"latency": latency, "outcome": outcome, "met": met, "start_wall": time.time() - (time.perf_counter() - start)}
+
+
+def simulate_piecewise(timeline: list[tuple[float, object]], profiles, workload, overhead_s: float) -> np.ndarray:
+    """SLO met per request, simulating each span of the trace on the placement in force during it."""
+    from placement.dispatch import make_dispatch
+    from placement.simulator import SERVED, SimulatorConfig, simulate
+
+    config = SimulatorConfig(dispatch=make_dispatch("shortest_queue"), request_overhead_s=overhead_s)
+    met = np.zeros(len(workload), dtype=bool)
+    bounds = [t for t, _ in timeline[1:]] + [np.inf]
+    begin = -np.inf
+    for (_, placement), end in zip(timeline, bounds):
+        index = np.flatnonzero((workload.arrival_s >= begin) & (workload.arrival_s < end))
+        if len(index):
+            result = simulate(placement, profiles, workload.take(index), config)
+            met[index] = result.status == SERVED
+        begin = end
+    return met
+
+
+def windowed(values: np.ndarray, arrival_s: np.ndarray, duration_s: float) -> tuple[np.ndarray, np.ndarray]:
+    edges = np.arange(0.0, duration_s + TIMELINE_BIN_S, TIMELINE_BIN_S)
+    idx = np.digitize(arrival_s, edges) - 1
+    means = np.array([values[idx == k].mean() if np.any(idx == k) else np.nan for k in range(len(edges) - 1)])
+    return edges[:-1] + TIMELINE_BIN_S / 2, means
+
+
+def plot(path: Path, workload, runs: dict[str, np.ndarray], changes: list[float], duration_s: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
+    edges = np.arange(0.0, duration_s + TIMELINE_BIN_S, TIMELINE_BIN_S)
+    for m, name in enumerate(workload.model_names):
+        counts, _ = np.histogram(workload.arrival_s[workload.model == m], bins=edges)
+        top.plot(edges[:-1] + TIMELINE_BIN_S / 2, counts / TIMELINE_BIN_S, label=name)
+    top.set_ylabel("requests/s")
+    top.legend()
+    for label, met in runs.items():
+        x, y = windowed(met.astype(float), workload.arrival_s, duration_s)
+        bottom.plot(x, y, label=label, linestyle="--" if "sim" in label else "-")
+    for t in changes:
+        for axis in (top, bottom):
+            axis.axvline(t, color="grey", linestyle=":")
+    bottom.set_ylabel(f"SLO attainment per {TIMELINE_BIN_S:.0f} s")
+    bottom.set_xlabel("trace time (s); dotted: re-placement applied")
+    bottom.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    log.info("wrote %s", path)
+
+
+async def saturate(handle, capacity_per_s: float) -> dict[str, int]:
+    """A burst at SATURATION_FACTOR x capacity spread over the models: count accepted, rejected, failed."""
+    from ray.serve.exceptions import BackPressureError
+
+    counts = {"accepted": 0, "rejected": 0, "failed": 0}
+
+    async def one(model: str) -> None:
+        try:
+            await handle.embed.remote(model, [TEXT])
+            counts["accepted"] += 1
+        except BackPressureError:
+            counts["rejected"] += 1
+        except Exception as error:  # noqa: BLE001
+            counts["rejected" if getattr(error, "status_code", None) == 503 else "failed"] += 1
+
+    rate = SATURATION_FACTOR * capacity_per_s
+    tasks = []
+    for k in range(int(rate * SATURATION_S)):
+        tasks.append(asyncio.ensure_future(one(MODELS[k % len(MODELS)])))
+        await asyncio.sleep(1.0 / rate)
+    await asyncio.wait_for(asyncio.gather(*tasks), timeout=300)
+    log.info("saturation at %.0f requests/s: %s", rate, counts)
+    return counts
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def run(args) -> dict:
+    from ray import serve
+
+    from models.text_encoder import load_text_encoder
+    from placement.placement_plan import Placement
+    from placement.planner import PlannerConfig, plan
+
+    http_options = {"host": "127.0.0.1", "port": free_port()}
+    serve.start(http_options=http_options)
+    duration_s = args.duration_s or (90.0 if args.quick else 240.0)
+    period_s = args.period_s or (10.0 if args.quick else 20.0)
+
+    log.info("1/6 profiling: every model on both devices")
+    everywhere = {"groups": [one_device_group(MODELS), one_device_group(MODELS)]}
+    deploy(spec_dict(everywhere, None, slo_ms=10_000, period_s=period_s), http_options)
+    handle = serve.get_app_handle("plexserve")
+    service_s, overhead_s = await profile_live(handle)
+    profiles = measured_profiles(service_s, load_text_encoder().weight_bytes())
+    folder = Path(tempfile.mkdtemp(prefix="plexserve-fidelity-"))
+    profiles.save(folder / "profiles.json")
+    slo_s = SLO_SCALE * (max(service_s.values()) + overhead_s)
+    capacity = NUM_DEVICES / float(np.mean(list(service_s.values())))
+    total_rate = LOAD_FACTOR * capacity
+    trace = make_trace(total_rate, duration_s, slo_s, seed=args.seed)
+    log.info("SLO %.0f ms, capacity %.0f/s, trace %.0f requests/s over %.0f s (%d requests)", 1e3 * slo_s, capacity,
+             total_rate, duration_s, len(trace))
+
+    log.info("2/6 deploying the placement planned for the first half, controller on")
+    first_half = trace.window(0.0, duration_s / 2)
+    initial = plan(MODELS, profiles, first_half, NUM_DEVICES, 16 * 1024**3, PlannerConfig(max_group_devices=1)).normalize()
+    log.info("%s", initial.describe())
+    initial_groups = {"groups": [g.model_dump(mode="json") for g in initial.groups]}
+    deploy(spec_dict(initial_groups, str(folder / "profiles.json"), 1e3 * slo_s, period_s), http_options)
+    handle = serve.get_app_handle("plexserve")
+    controller = serve.get_deployment_handle("PlacementController", app_name="plexserve")
+    await controller.pause.remote(True)
+    for model in MODELS:
+        await handle.embed.remote(model, [TEXT])
+
+    log.info("3/6 static run (controller paused)")
+    static = await replay(handle, trace, slo_s)
+
+    log.info("4/6 controller run (period %.0f s)", period_s)
+    await controller.apply_placement.remote(initial_groups, "benchmark reset")
+    first_id = len(await controller.history.remote())
+    await controller.pause.remote(False)
+    dynamic = await replay(handle, trace, slo_s)
+    await controller.pause.remote(True)
+    decisions = (await controller.history.remote())[first_id:]
+    applied = [d for d in decisions if d.get("outcome") == "applied"]
+    timeline: list[tuple[float, Placement]] = [(-np.inf, initial)]
+    changes = []
+    for d in applied:
+        at = d["time_s"] + d["duration_s"] - dynamic["start_wall"]
+        groups = [one_device_group(g["models"]) for g in d["placement"]]
+        timeline.append((at, Placement.model_validate({"groups": groups})))
+        changes.append(at)
+        log.info("re-placement applied at t=%.1f s (%.1f s to roll out): %s", at, d["duration_s"], d["placement"])
+
+    log.info("5/6 simulating both runs")
+    static_sim = simulate_piecewise([(-np.inf, initial)], profiles, trace, overhead_s)
+    dynamic_sim = simulate_piecewise(timeline, profiles, trace, overhead_s)
+
+    log.info("6/6 load past saturation")
+    await controller.apply_placement.remote(initial_groups, "benchmark reset")
+    burst = await saturate(handle, capacity)
+
+    second = trace.arrival_s >= duration_s / 2
+    plot(out_dir() / "fidelity.png", trace, {"controller (real)": dynamic["met"], "controller (sim)": dynamic_sim,
+                                            "static (real)": static["met"], "static (sim)": static_sim}, changes, duration_s)
+    failed_accepted = int((static["outcome"] == 2).sum() + (dynamic["outcome"] == 2).sum() + burst["failed"])
+    figures = {
+        "attainment_real": float(dynamic["met"].mean()), "attainment_sim": float(dynamic_sim.mean()),
+        "abs_gap": abs(float(dynamic["met"].mean()) - float(dynamic_sim.mean())),
+        "static_attainment_real": float(static["met"].mean()), "static_attainment_sim": float(static_sim.mean()),
+        "static_abs_gap": abs(float(static["met"].mean()) - float(static_sim.mean())),
+        "second_half_attainment_real": float(dynamic["met"][second].mean()),
+        "static_second_half_attainment_real": float(static["met"][second].mean()),
+        "controller_gain_real": float(dynamic["met"][second].mean() - static["met"][second].mean()),
+        "replacements": [{"at_s": round(t, 1), "groups": d["placement"], "rollout_s": round(d["duration_s"], 1)}
+                         for t, d in zip(changes, applied)],
+        "rejected_during_replay": int((static["outcome"] == 1).sum() + (dynamic["outcome"] == 1).sum()),
+        "failed_accepted": failed_accepted, "saturation": burst,
+        "slo_ms": 1e3 * slo_s, "service_ms": {m: 1e3 * s for m, s in service_s.items()}, "ingress_overhead_ms": 1e3 * overhead_s,
+        "requests": len(trace), "duration_s": duration_s, "machine": machine_description(),
+    }
+    return figures
+
+
+def main() -> None:
+    parser = make_parser(__doc__)
+    parser.add_argument("--duration-s", type=float, default=None, help="trace length (default 90 s quick, 240 s full)")
+    parser.add_argument("--period-s", type=float, default=None, help="controller period (default 10 s quick, 20 s full)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    import ray
+    from ray import serve
+
+    ray.init(num_cpus=RAY_NUM_CPUS, resources={DEVICE_RESOURCE: NUM_DEVICES}, include_dashboard=False, log_to_driver=False)
+    try:
+        figures = asyncio.run(run(args))
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    emit_json(figures)
+
+
+if __name__ == "__main__":
+    main()

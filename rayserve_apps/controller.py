@@ -1,0 +1,247 @@
+"""The live placement controller: watches traffic, re-plans with the simulator, rolls out only what changed.
+
+One replica of the deployment `PlacementController` runs beside the ingress (spec section `controller`). Every
+`period_s` it
+1. takes the traffic the ingress replicas reported (`report`, one record per request) for the last period,
+2. asks `placement.replanning.ReplanPolicy` to keep or move: fit rate and CV per model, resample, simulate the
+   running placement, a rehost on the running groups and a full AlpaServe re-plan (§4.2), and move only for a
+   predicted attainment gain of at least `min_gain`,
+3. rolls a move out in small steps (`placement.rollout.plan_rollout`), each as three declarative Serve config
+   updates (`live_update.py`): the ingress stops routing to what the step changes, the changed slots are
+   reconfigured or replaced (other deployments untouched), the ingress routes to the new layout,
+4. writes the decision to the decision log (`decision_log.py`).
+
+The controller keeps no state Serve does not have: on start (first deployment, or a restart after it died) it
+reads the running layout back from the application's deployed overrides, and its history from the GCS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from ray import serve
+
+from placement.deployment_planning import replan_policy
+from placement.placement_plan import GroupPlacement, Placement
+from placement.profiles import ParallelConfig
+from placement.rollout import Rollout, SlotLayout, plan_rollout, transition_routes
+from placement.spec import DeploymentSpec, parse_spec
+from placement.traffic_window import RequestRecord, TrafficWindow
+from rayserve_apps import metrics
+from rayserve_apps.app import APP_NAME, INGRESS_DEPLOYMENT, group_deployment_name, initial_layout
+from rayserve_apps.decision_log import DecisionLog
+from rayserve_apps.live_update import apply_overrides, deployed_overrides, layout_overrides
+
+logger = logging.getLogger("ray.serve")
+
+#: Relative profile paths in a spec are looked up in the working directory, then in the project root.
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+#: Seconds to wait for the replicas of a rollout step to report the step's placement version.
+STEP_TIMEOUT_S = 300.0
+#: Poll interval while waiting for a step.
+STEP_POLL_S = 0.25
+
+
+def _base_dir(spec: DeploymentSpec) -> Path:
+    path = (spec.planning or {}).get("profiles", {}).get("path")
+    if path and not Path(path).is_absolute() and not Path(path).exists() and (PROJECT_ROOT / path).exists():
+        return PROJECT_ROOT
+    return Path.cwd()
+
+
+def layout_from_overrides(spec: DeploymentSpec, overrides: list[dict[str, Any]], num_slots: int) -> tuple[SlotLayout, list[int], int, list[list[str]]] | None:
+    """The running slots, their versions, the ingress's version and routes, read back from deployed overrides."""
+    by_name = {o["name"]: o for o in overrides}
+    if INGRESS_DEPLOYMENT not in by_name or any(group_deployment_name(i) not in by_name for i in range(num_slots)):
+        return None
+    slots: list[GroupPlacement | None] = []
+    versions = []
+    for i in range(num_slots):
+        user_config = by_name[group_deployment_name(i)]["user_config"]
+        versions.append(int(user_config.get("placement_version", 0)))
+        if not user_config.get("config"):
+            slots.append(None)
+            continue
+        slots.append(GroupPlacement(num_devices=user_config["num_devices"], config=ParallelConfig.model_validate(user_config["config"]),
+                                    models=[m["name"] for m in user_config["models"]]))
+    ingress = by_name[INGRESS_DEPLOYMENT]["user_config"]
+    return SlotLayout(slots=slots), versions, int(ingress.get("placement_version", 0)), ingress.get("routes", [])
+
+
+@serve.deployment
+class PlacementController:
+    """Keeps the running placement matched to the traffic (see the module doc)."""
+
+    def __init__(self, spec: dict, app_name: str = APP_NAME):
+        self.spec = parse_spec(spec)
+        if self.spec.controller is None or self.spec.placement is None:
+            raise ValueError("the placement controller needs the spec's `controller` section and a placement")
+        self.settings = self.spec.controller
+        self.app_name = app_name
+        self.policy = replan_policy(self.spec, _base_dir(self.spec))
+        self.models = sorted(self.spec.placement.models())
+        self.slo_s = [self.spec.model(name).slo_ms / 1000.0 for name in self.models]
+        self.window = TrafficWindow(self.settings.period_s)
+        self.log = DecisionLog(app_name, self.settings.history_size)
+        self.layout = initial_layout(self.spec)
+        self.slot_versions = [0] * len(self.layout.slots)
+        self.version = 0
+        self.routes = self.layout.routes()
+        self.recovered = self._read_state()
+        #: While paused the periodic decisions are skipped (an operator freezing the placement); `replan_now` and
+        #: `apply_placement` still work.
+        self.paused = False
+        self._lock = asyncio.Lock()
+        self._loop_task = asyncio.get_running_loop().create_task(self._loop())
+        logger.info("placement controller: %d models, %d group slots, period %.0f s, version %d%s", len(self.models),
+                    len(self.layout.slots), self.settings.period_s, self.version, " (state read back from Serve)" if self.recovered else "")
+
+    # ---- state ----
+
+    def _read_state(self) -> bool:
+        """Adopt what Serve runs (after a restart, or after an earlier controller's re-placements)."""
+        try:
+            state = layout_from_overrides(self.spec, deployed_overrides(self.app_name), len(self.layout.slots))
+        except RuntimeError as error:
+            logger.warning("placement controller: cannot read the deployed config (%s); assuming the builder's layout", error)
+            return False
+        if state is None:
+            return False
+        self.layout, self.slot_versions, ingress_version, self.routes = state
+        self.version = max([ingress_version, *self.slot_versions])
+        return True
+
+    def state(self) -> dict[str, Any]:
+        """What the controller believes runs: for tests, people and `GET /v1/placement`."""
+        return {"layout": self.layout.model_dump(mode="json"), "routes": self.routes, "version": self.version,
+                "slot_versions": self.slot_versions, "models": self.models, "recovered": self.recovered,
+                "period_s": self.settings.period_s, "paused": self.paused}
+
+    def pause(self, paused: bool = True) -> bool:
+        """Stop (or resume) the periodic decisions; returns the new setting."""
+        self.paused = bool(paused)
+        logger.info("placement controller: periodic decisions %s", "paused" if self.paused else "resumed")
+        return self.paused
+
+    def history(self, limit: int | None = None) -> list[dict[str, Any]]:
+        return self.log.recent(limit)
+
+    def report(self, records: list[dict[str, Any]]) -> int:
+        """Traffic records from an ingress replica; returns how many were taken."""
+        self.window.add(RequestRecord.from_json(r) for r in records)
+        return len(records)
+
+    # ---- decisions ----
+
+    async def _loop(self) -> None:
+        if self.routes != self.layout.routes():  # a predecessor died between two steps of a rollout: finish it
+            await self._logged("recovery", self._finish_interrupted_step)
+        while True:
+            await asyncio.sleep(self.settings.period_s)
+            if self.paused:
+                continue
+            try:
+                await self.replan_now()
+            except Exception:  # noqa: BLE001 - one failed decision must not stop the controller
+                logger.exception("placement controller: decision failed")
+
+    async def replan_now(self) -> dict[str, Any]:
+        """Decide (and apply) now instead of at the end of the period; returns the logged decision."""
+        return await self._logged("period", self._decide_and_apply)
+
+    async def apply_placement(self, placement: dict[str, Any], reason: str = "operator") -> dict[str, Any]:
+        """Roll out a given placement (an operator's, or a planner's run offline); returns the logged decision."""
+        target = Placement.model_validate(placement)
+        unknown = sorted(target.models() - set(self.models))
+        if unknown:
+            raise ValueError(f"placement names models this application does not place in groups: {unknown}")
+        return await self._logged(reason, lambda: self._apply(target))
+
+    async def _logged(self, trigger: str, action) -> dict[str, Any]:
+        async with self._lock:
+            started = time.time()
+            entry: dict[str, Any] = {"time_s": started, "trigger": trigger, "version_before": self.version}
+            try:
+                entry.update(await action())
+            except Exception as error:  # noqa: BLE001 - logged as a failed decision, then re-raised
+                entry.update(outcome="failed", error=f"{type(error).__name__}: {error}")
+                entry["duration_s"] = time.time() - started
+                self.log.record(entry)
+                raise
+            entry.update(duration_s=time.time() - started, version_after=self.version)
+            return self.log.record(entry)
+
+    async def _decide_and_apply(self) -> dict[str, Any]:
+        now = time.time()
+        traffic = self.window.observed(now, self.models, self.slo_s)
+        observed = {name: {"requests": s.requests, "answered": s.answered, "slo_met": s.slo_met, "rejected": s.rejected,
+                           "failed": s.failed, "attainment": s.attainment} for name, s in self.window.stats(now).items()}
+        current = self.layout.placement()
+        decision = await asyncio.to_thread(self.policy.decide, current, traffic)
+        entry: dict[str, Any] = {"observed": observed, "reason": decision.reason, "chosen": decision.chosen,
+                                 "predicted_gain": decision.predicted_gain, "planning_s": decision.planning_s,
+                                 "traffic": {m: f.model_dump() for m, f in decision.traffic.items()},
+                                 "candidates": [{"name": c.name, "predicted_attainment": c.predicted_attainment,
+                                                 "groups": _describe(c.placement)} for c in decision.candidates]}
+        if decision.chosen == "keep":
+            entry["outcome"] = "idle" if not any(len(a) for a in traffic.arrival_s) else "kept"
+            return entry
+        entry.update(await self._apply(decision.placement))
+        return entry
+
+    async def _apply(self, target: Placement) -> dict[str, Any]:
+        rollout = plan_rollout(self.layout, target, self.spec.cluster.num_devices, self.settings.max_changes_per_step)
+        if not rollout.steps:
+            return {"outcome": "kept", "diff": []}
+        await asyncio.to_thread(self._run_rollout, rollout)
+        for change in rollout.changes:
+            metrics.placement_changes_total().inc(tags={"kind": change.kind})
+        return {"outcome": "applied", "diff": [[c.to_json() for c in step.changes] for step in rollout.steps],
+                "placement": _describe(self.layout.placement())}
+
+    # ---- rollout (runs in a thread: Serve's config API and handles' .result() block) ----
+
+    def _run_rollout(self, rollout: Rollout) -> None:
+        for number, step in enumerate(rollout.steps, start=1):
+            logger.info("placement controller: step %d/%d: %s", number, len(rollout.steps),
+                        ", ".join(f"slot {c.slot} {c.kind}" for c in step.changes))
+            during = transition_routes(self.layout, step.layout)
+            if during != self.routes:  # 1. stop routing to what this step drops
+                self._deploy(self.layout, during, changed=[])
+            self._deploy(step.layout, during, changed=[c.slot for c in step.changes])  # 2. change the slots
+            self._deploy(step.layout, step.layout.routes(), changed=[])  # 3. route to the new layout
+
+    async def _finish_interrupted_step(self) -> dict[str, Any]:
+        await asyncio.to_thread(self._deploy, self.layout, self.layout.routes(), [])
+        return {"outcome": "applied", "diff": [], "reason": "finished a rollout step interrupted by a controller restart"}
+
+    def _deploy(self, layout: SlotLayout, routes: list[list[str]], changed: list[int]) -> None:
+        self.version += 1
+        for slot in changed:
+            self.slot_versions[slot] = self.version
+        apply_overrides(self.app_name, layout_overrides(self.spec, layout, routes, self.slot_versions, self.version))
+        self._wait_for_version(changed)
+        self.layout, self.routes = layout, routes
+
+    def _wait_for_version(self, changed: list[int]) -> None:
+        """Until the ingress routes by the new version and every changed slot runs it (Serve's application status
+        can still read RUNNING from before an update has begun)."""
+        ingress = serve.get_deployment_handle(INGRESS_DEPLOYMENT, app_name=self.app_name)
+        groups = {slot: serve.get_deployment_handle(group_deployment_name(slot), app_name=self.app_name) for slot in changed}
+        deadline = time.monotonic() + STEP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            done = ingress.placement_version.remote().result(timeout_s=STEP_TIMEOUT_S) >= self.version
+            done = done and all(g.info.remote().result(timeout_s=STEP_TIMEOUT_S)["placement_version"] >= self.slot_versions[s]
+                                for s, g in groups.items())
+            if done:
+                return
+            time.sleep(STEP_POLL_S)
+        raise TimeoutError(f"placement version {self.version} not running within {STEP_TIMEOUT_S} s")
+
+
+def _describe(placement: Placement) -> list[dict[str, Any]]:
+    return [{"num_devices": g.num_devices, "config": g.config.key(), "models": sorted(g.models)} for g in placement.groups]

@@ -1,0 +1,271 @@
+"""The live placement controller end to end on a local Ray with 4 logical devices (a stand-in for GPUs).
+
+Three tiny ViTs (random weights in a local checkpoint: a code-path stand-in) run in group slots. The controller
+judges candidates on synthetic profiles (a stand-in, named so in the profile file). Re-placements are applied
+while requests flow and none is lost; unchanged groups keep their processes; the controller moves models when
+observed traffic outgrows their groups, survives its own restart, a killed group replica fails only its own
+requests and comes back, and load past saturation gets 503 with a reason.
+"""
+
+import os
+import signal
+import threading
+import time
+from collections import Counter
+
+import numpy as np
+import pytest
+import requests
+import torch
+from ray import serve
+
+from conftest import TEST_DEVICE_RESOURCE, free_port
+from models import load_vit
+from placement.paper_profiles import model_profile
+from placement.profiles import ProfileSet
+from placement.spec import parse_spec
+from rayserve_apps.live_update import application_config, apply_config
+
+pytestmark = pytest.mark.ray
+
+TINY_VIT = dict(patch_size=4, depth=2, embed_dim=32, num_heads=2)
+MODELS = ["vit-a", "vit-b", "vit-c"]
+NUM_DEVICES = 4
+#: Stand-in profile: every model takes this long on one device (the real tiny ViTs take a few ms).
+PROFILE_LATENCY_S = 0.1
+#: Requests a model's deployments may queue before the ingress answers 503 overloaded.
+MAX_QUEUED = 4
+TIMEOUT_S = 120
+#: Pause between two requests of one traffic thread (steady load that leaves the 2 cores room to re-place).
+TRAFFIC_GAP_S = 0.05
+
+
+def group(devices: int, models: list[str], stages: int = 1) -> dict:
+    return {"num_devices": devices, "config": {"intra_op_degree": devices // stages, "pipeline_stages": stages}, "models": models}
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    import ray
+
+    if ray.is_initialized():
+        serve.shutdown()
+        ray.shutdown()
+    ray.init(num_cpus=8, resources={TEST_DEVICE_RESOURCE: NUM_DEVICES}, include_dashboard=False, log_to_driver=False)
+    port = free_port()
+    http_options = {"host": "127.0.0.1", "port": port}
+    serve.start(http_options=http_options)
+    folder = tmp_path_factory.mktemp("controller")
+    vit = load_vit("timm:vit_tiny_patch16_224", allow_random_init=True, num_classes=4, image_size_px=16, **TINY_VIT)
+    torch.save(vit.model.state_dict(), folder / "vit.pt")
+    profiles = ProfileSet(source="synthetic", device="stand-in: 0.1 s per request on any device",
+                          models={m: model_profile(m, 64 * 1024**2, PROFILE_LATENCY_S) for m in MODELS})
+    profiles.save(folder / "profiles.json")
+    spec = parse_spec({
+        "cluster": {"num_devices": NUM_DEVICES, "device_resource": TEST_DEVICE_RESOURCE},
+        "models": [{"name": m, "kind": "vision", "source": "timm:vit_tiny_patch16_224", "checkpoint_path": str(folder / "vit.pt"),
+                    "num_classes": 4, "image_size_px": 16, "timm_kwargs": TINY_VIT, "num_cpus_per_replica": 0.25,
+                    "slo_ms": 2000, "max_queued_requests": MAX_QUEUED} for m in MODELS],
+        "placement": {"groups": [group(2, ["vit-a", "vit-b"], stages=2), group(1, ["vit-c"])]},
+        "planning": {"profiles": {"path": str(folder / "profiles.json")}, "planner": {"max_group_devices": 2}},
+        # A long period: the tests trigger decisions themselves.
+        "controller": {"period_s": 3600, "fit_window_s": 8, "min_gain": 0.05, "max_changes_per_step": 1},
+    })
+    apply_config([application_config(spec)], http_options)
+    try:
+        yield {"url": f"http://127.0.0.1:{port}", "spec": spec,
+               "controller": serve.get_deployment_handle("PlacementController", app_name="plexserve")}
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def images() -> list:
+    return np.random.default_rng(0).normal(size=(1, 3, 16, 16)).astype(np.float32).tolist()
+
+
+def classify(app, model: str) -> requests.Response:
+    return requests.post(f"{app['url']}/v1/models/{model}/classify", json={"images": images()}, timeout=TIMEOUT_S)
+
+
+def slots(app) -> dict[str, dict]:
+    return {g["group"]: g for g in requests.get(f"{app['url']}/v1/placement", timeout=TIMEOUT_S).json()["groups"]}
+
+
+class Traffic:
+    """Threads sending requests in a loop to each model until stopped; every status is kept."""
+
+    def __init__(self, app, models: list[str]):
+        self.app, self.stop, self.statuses = app, threading.Event(), Counter()
+        self.bodies: list[str] = []
+        self.threads = [threading.Thread(target=self._run, args=(m,)) for m in models]
+
+    def _run(self, model: str) -> None:
+        while not self.stop.wait(TRAFFIC_GAP_S):
+            response = classify(self.app, model)
+            self.statuses[(model, response.status_code)] += 1
+            if response.status_code != 200:
+                self.bodies.append(response.text)
+
+    def __enter__(self) -> "Traffic":
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(TIMEOUT_S)
+
+
+def test_slots_run_the_initial_placement_and_the_controller_reads_it(app):
+    layout = slots(app)
+    assert sorted(layout) == [f"group-{i}" for i in range(NUM_DEVICES)]
+    assert layout["group-0"]["models"] == ["vit-a", "vit-b"] and layout["group-1"]["models"] == ["vit-c"]
+    assert layout["group-2"]["models"] == [] and layout["group-2"]["config"] is None
+    state = app["controller"].state.remote().result(timeout_s=TIMEOUT_S)
+    assert state["version"] == 0 and state["models"] == MODELS
+    assert all(classify(app, m).status_code == 200 for m in MODELS)
+
+
+def test_replacement_while_requests_flow_loses_none_and_restarts_only_changed_slots(app):
+    before = slots(app)
+    first = {"groups": [group(2, ["vit-a", "vit-b"], stages=2), group(1, ["vit-a", "vit-c"]), group(1, ["vit-b", "vit-c"])]}
+    second = {"groups": [group(1, ["vit-a", "vit-c"]), group(1, ["vit-b", "vit-c"]), group(1, ["vit-a"]), group(1, ["vit-b"])]}
+    # (SLO admission may refuse a request with 503 while a model loads beside it; none may fail once accepted.)
+    with Traffic(app, MODELS) as traffic:
+        time.sleep(1)
+        applied = app["controller"].apply_placement.remote(first).result(timeout_s=600)
+        middle = slots(app)
+        applied_second = app["controller"].apply_placement.remote(second).result(timeout_s=600)
+        time.sleep(1)
+    after = slots(app)
+    assert {status for (_, status) in traffic.statuses} <= {200, 503}, (traffic.statuses, traffic.bodies[:3])
+    assert all('"slo_unattainable"' in body or '"overloaded"' in body for body in traffic.bodies), traffic.bodies[:3]
+    answered = sum(n for (_, status), n in traffic.statuses.items() if status == 200)
+    assert answered >= 20 and answered >= 0.9 * sum(traffic.statuses.values()), traffic.statuses
+    # First step: slot 1 rehosted in place, slot 2 started; slot 0 untouched.
+    assert applied["outcome"] == "applied"
+    assert [c["kind"] for step in applied["diff"] for c in step] == ["rehost", "start"]
+    assert middle["group-0"]["pid"] == before["group-0"]["pid"] and middle["group-1"]["pid"] == before["group-1"]["pid"]
+    assert middle["group-1"]["models"] == ["vit-a", "vit-c"] and middle["group-2"]["models"] == ["vit-b", "vit-c"]
+    # Second: the 2-device group gives its slot to a 1-device group (its models are hosted elsewhere meanwhile),
+    # then one more 1-device group starts on the freed device.
+    kinds = [[(c["slot"], c["kind"]) for c in step] for step in applied_second["diff"]]
+    assert kinds == [[(0, "replace")], [(3, "start")]]
+    for name in ("group-1", "group-2"):  # untouched by the second re-placement: same processes
+        assert after[name]["pid"] == middle[name]["pid"]
+    assert sorted(sorted(g["models"]) for g in after.values()) == [["vit-a"], ["vit-a", "vit-c"], ["vit-b"], ["vit-b", "vit-c"]]
+
+
+def test_history_lists_decisions_newest_last(app):
+    body = requests.get(f"{app['url']}/v1/placement/history", timeout=TIMEOUT_S).json()
+    decisions = body["decisions"]
+    assert [d["trigger"] for d in decisions][-2:] == ["operator", "operator"]
+    assert decisions[-1]["id"] == decisions[-2]["id"] + 1 and decisions[-1]["duration_s"] > 0
+    assert requests.get(f"{app['url']}/v1/placement/history?limit=1", timeout=TIMEOUT_S).json()["decisions"] == decisions[-1:]
+    bad = requests.get(f"{app['url']}/v1/placement/history?limit=0", timeout=TIMEOUT_S)
+    assert bad.status_code == 422 and bad.json()["error"]["field"] == "limit"
+
+
+def test_controller_moves_a_model_whose_traffic_outgrows_its_groups(app):
+    # vit-c at ~30 requests/s: its two hosting groups serve 20/s by the (stand-in) profile.
+    hosts_before = sum("vit-c" in g["models"] for g in slots(app).values())
+    stop = time.monotonic() + 9
+    with ThreadPoolRate(30) as pool:
+        while time.monotonic() < stop:
+            pool.submit(lambda: classify(app, "vit-c"))
+    decision = app["controller"].replan_now.remote().result(timeout_s=600)
+    assert decision["trigger"] == "period" and decision["outcome"] == "applied", decision
+    assert decision["chosen"] in ("rehost", "replan") and decision["predicted_gain"] >= 0.05
+    assert decision["observed"]["vit-c"]["requests"] >= 100
+    hosts_after = sum("vit-c" in g["models"] for g in slots(app).values())
+    assert hosts_after > hosts_before
+
+
+class ThreadPoolRate:
+    """Submit calls at about `rate` per second on a small thread pool."""
+
+    def __init__(self, rate: float):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.pool, self.gap, self.next = ThreadPoolExecutor(16), 1.0 / rate, time.monotonic()
+
+    def submit(self, fn) -> None:
+        self.next += self.gap
+        time.sleep(max(0.0, self.next - time.monotonic()))
+        self.pool.submit(fn)
+
+    def __enter__(self) -> "ThreadPoolRate":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.pool.shutdown(wait=True)
+
+
+def replica_actor(deployment: str):
+    import ray
+    from ray.util import list_named_actors
+
+    names = [a for a in list_named_actors(all_namespaces=True) if f"plexserve#{deployment}#" in a["name"]]
+    assert len(names) == 1, names
+    return ray.get_actor(names[0]["name"], namespace=names[0]["namespace"])
+
+
+def test_controller_restart_reads_its_state_back_from_serve(app):
+    import ray
+
+    before = app["controller"].state.remote().result(timeout_s=TIMEOUT_S)
+    history = app["controller"].history.remote().result(timeout_s=TIMEOUT_S)
+    ray.kill(replica_actor("PlacementController"), no_restart=True)
+    after: dict = {}
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            after = app["controller"].state.remote().result(timeout_s=30)
+            if after["recovered"]:
+                break
+        except Exception:  # noqa: BLE001 - the replacement replica is starting
+            time.sleep(1)
+    assert after["recovered"] and after["layout"] == before["layout"] and after["version"] == before["version"]
+    assert app["controller"].history.remote().result(timeout_s=TIMEOUT_S) == history
+
+
+def test_killed_group_replica_fails_only_its_own_requests_and_comes_back(app):
+    layout = slots(app)
+    victim_slot = min((name for name, g in layout.items() if g["models"]), key=lambda name: len(layout[name]["models"]))
+    victims = layout[victim_slot]["models"]
+    assert set(victims) != set(MODELS)
+    with Traffic(app, MODELS) as traffic:
+        time.sleep(1)
+        os.kill(layout[victim_slot]["pid"], signal.SIGKILL)
+        time.sleep(3)
+    # Models the killed replica did not host never noticed; its own in-flight requests got a 503 with a JSON reason.
+    assert all(status == 200 for (model, status) in traffic.statuses if model not in victims), (victims, traffic.statuses, traffic.bodies[:3])
+    assert {status for (model, status) in traffic.statuses if model in victims} <= {200, 503}, traffic.statuses
+    assert all('"error"' in body for body in traffic.bodies)
+    info: dict = {}
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            info = serve.get_deployment_handle(victim_slot, app_name="plexserve").info.remote().result(timeout_s=30)
+            if info["pid"] != layout[victim_slot]["pid"] and info["models"] == victims:
+                break
+        except Exception:  # noqa: BLE001 - Serve is replacing the replica
+            pass
+        time.sleep(1)
+    assert info["pid"] != layout[victim_slot]["pid"] and info["models"] == victims
+    assert all(classify(app, m).status_code == 200 for m in MODELS)
+
+
+def test_load_past_saturation_gets_503_with_reasons_never_a_crash(app):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(48) as pool:
+        responses = list(pool.map(lambda _: classify(app, "vit-a"), range(96)))
+    codes = Counter(r.status_code for r in responses)
+    assert set(codes) <= {200, 503}, codes
+    assert codes[503] >= 1 and codes[200] >= 1, (codes, [r.text for r in responses[:2]])
+    reasons = {r.json()["error"]["type"] for r in responses if r.status_code == 503}
+    assert reasons <= {"overloaded", "slo_unattainable"}, reasons
+    assert classify(app, "vit-a").status_code == 200

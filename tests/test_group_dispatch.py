@@ -1,0 +1,42 @@
+"""Ingress-side dispatch over group slots: routes per slot, SLO admission, and stale estimates re-probed."""
+
+import pytest
+
+from placement.dispatch import make_dispatch
+from rayserve_apps.group_dispatch import PROBE_AFTER_S, GroupDispatcher
+
+
+def test_requests_go_only_to_slots_that_route_the_model():
+    dispatcher = GroupDispatcher([["a"], [], ["a", "b"]], make_dispatch("shortest_queue"))
+    assert dispatcher.hosts("a") == [0, 2] and dispatcher.hosts("b") == [2]
+    dispatcher.started(0)
+    assert dispatcher.choose("a", now_s=0.0, deadline_s=10.0) == 2  # the shorter queue
+    dispatcher.set_routes([["a"], ["b"], []])
+    assert dispatcher.hosts("b") == [1] and dispatcher.choose("b", 0.0, 10.0) == 1
+
+
+def test_a_slow_estimate_refuses_until_it_is_stale_then_one_probe_goes_through():
+    dispatcher = GroupDispatcher([["a"]], make_dispatch("shortest_queue"))
+    ahead = dispatcher.started(0)
+    dispatcher.finished(0, "a", latency_s=5.0, ahead=ahead)  # a slow spell: 5 s per request
+    measured = dispatcher.groups[0].measured_at_s["a"]
+    assert dispatcher.choose("a", now_s=measured + 0.1, deadline_s=measured + 1.1) is None  # SLO 1 s: refused
+    later = measured + PROBE_AFTER_S + 0.1
+    assert dispatcher.choose("a", now_s=later, deadline_s=later + 1.0) == 0  # idle and stale: probe
+    dispatcher.started(0)
+    assert dispatcher.choose("a", now_s=later, deadline_s=later + 1.0) is None  # busy again: the estimate holds
+
+
+def test_routes_of_another_length_are_refused():
+    dispatcher = GroupDispatcher([["a"], ["b"]], make_dispatch("shortest_queue"))
+    with pytest.raises(ValueError, match="runs 2"):
+        dispatcher.set_routes([["a"]])
+
+
+def test_one_stall_does_not_inflate_the_estimate():
+    dispatcher = GroupDispatcher([["a"]], make_dispatch("shortest_queue"))
+    for latency in (0.01, 0.01, 30.0, 0.01, 0.01):  # one request stuck behind a replica being replaced
+        dispatcher.finished(0, "a", latency, ahead=dispatcher.started(0))
+    assert dispatcher.groups[0].service_s["a"] == 0.01
+    now = dispatcher.groups[0].measured_at_s["a"]
+    assert dispatcher.choose("a", now_s=now, deadline_s=now + 1.0) == 0
