@@ -431,6 +431,38 @@ def select_models(model_names: Sequence[str], profiles: ProfileSet, workload: Wo
     return placement.model_copy(update={"predicted_slo_attainment": max(selection.attainment, 0.0), "stats": stats})
 
 
+def place_unplaced(placement: Placement, model_names: Sequence[str], profiles: ProfileSet,
+                   device_memory_bytes: int) -> tuple[Placement, list[str]]:
+    """Give every model of `model_names` that no group hosts one replica, in the group with the fewest models whose
+    devices still have room for it; returns the placement and the models that fit nowhere.
+
+    Alg. 1 places replicas for the requests of its workload only, so a model without recent traffic would be left
+    out; a live system must still answer it (a replica without traffic costs memory, not attainment)."""
+    groups = [group.model_copy(update={"models": list(group.models)}) for group in placement.groups]
+    left_out = []
+    for name in model_names:
+        if any(name in group.models for group in groups):
+            continue
+        model = profiles.models[name]
+        fitting = []
+        for index, group in enumerate(groups):
+            if not model.has(group.config):
+                continue
+            used = [0] * group.config.pipeline_stages
+            for hosted in group.models:
+                for k, stage in enumerate(profiles.models[hosted].get(group.config).stages):
+                    used[k] += stage.weight_bytes_per_device
+            extra = [stage.weight_bytes_per_device for stage in model.get(group.config).stages]
+            if all(u + e <= device_memory_bytes for u, e in zip(used, extra)):
+                fitting.append(index)
+        if not fitting:
+            left_out.append(name)
+            continue
+        target = min(fitting, key=lambda i: (len(groups[i].models), i))
+        groups[target].models.append(name)
+    return placement.model_copy(update={"groups": groups}), left_out
+
+
 def _min_devices(profiles: ProfileSet, bucket: Sequence[str], device_memory_bytes: int) -> int:
     weights = sum(profiles.models[n].get(ParallelConfig()).weight_bytes_per_device()
                   if profiles.models[n].has(ParallelConfig()) else 0 for n in bucket)

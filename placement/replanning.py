@@ -25,7 +25,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from placement.placement_plan import Placement
-from placement.planner import PlannerConfig, plan, select_models
+from placement.planner import PlannerConfig, place_unplaced, plan, select_models
 from placement.profiles import ProfileSet
 from placement.simulator import simulate
 from placement.traces import fit_arrivals
@@ -120,9 +120,15 @@ class ReplanPolicy:
         if len(workload):
             groups = [(g.num_devices, g.config) for g in current.groups]
             rehost = select_models(names, self.profiles, workload, groups, self.device_memory_bytes, self.planner)
-            candidates.append(Candidate(name="rehost", placement=rehost.normalize(), predicted_attainment=rehost.predicted_slo_attainment or 0.0))
             replan = plan(names, self.profiles, workload, self.num_devices, self.device_memory_bytes, self.planner)
-            candidates.append(Candidate(name="replan", placement=replan.normalize(), predicted_attainment=replan.predicted_slo_attainment or 0.0))
+            for name, placement in (("rehost", rehost), ("replan", replan)):
+                # Models without recent traffic keep (at least) one replica: the live system still answers them.
+                complete, left_out = place_unplaced(placement, names, self.profiles, self.device_memory_bytes)
+                if left_out:
+                    logger.warning("replan: %s leaves %s without a group; not a candidate", name, left_out)
+                    continue
+                candidates.append(Candidate(name=name, placement=complete.normalize(),
+                                            predicted_attainment=placement.predicted_slo_attainment or 0.0))
         chosen, reason = self._choose(candidates)
         gain = next(c for c in candidates if c.name == chosen).predicted_attainment - keep
         decision = ReplanDecision(traffic=fits, candidates=candidates, chosen=chosen, predicted_gain=gain, reason=reason,
@@ -134,11 +140,12 @@ class ReplanPolicy:
         by_name = {c.name: c for c in candidates}
         keep = by_name["keep"].predicted_attainment
         if len(by_name) == 1:
-            return "keep", "no traffic observed"
+            return "keep", "nothing to compare: no traffic observed, or no candidate hosts every model"
         best = max(c.predicted_attainment for c in candidates)
         if best - keep < self.min_gain:
             return "keep", f"best predicted gain {best - keep:+.3f} is below min_gain {self.min_gain}"
-        rehost, replan = by_name["rehost"].predicted_attainment, by_name["replan"].predicted_attainment
+        rehost = by_name["rehost"].predicted_attainment if "rehost" in by_name else -1.0
+        replan = by_name["replan"].predicted_attainment if "replan" in by_name else -1.0
         if rehost - keep >= self.min_gain and replan - rehost < self.min_gain:
             return "rehost", f"rehosting on the running groups gains {rehost - keep:+.3f}; a new partition would add {replan - rehost:+.3f}"
         return "replan", f"a new partition gains {replan - keep:+.3f} ({replan - rehost:+.3f} over rehosting)"

@@ -179,8 +179,10 @@ def test_controller_moves_a_model_whose_traffic_outgrows_its_groups(app):
     assert decision["trigger"] == "period" and decision["outcome"] == "applied", decision
     assert decision["chosen"] in ("rehost", "replan") and decision["predicted_gain"] >= 0.05
     assert decision["observed"]["vit-c"]["requests"] >= 100
-    hosts_after = sum("vit-c" in g["models"] for g in slots(app).values())
+    layout = slots(app).values()
+    hosts_after = sum("vit-c" in g["models"] for g in layout)
     assert hosts_after > hosts_before
+    assert {m for g in layout for m in g["models"]} == set(MODELS)  # models without traffic stay hosted
 
 
 class ThreadPoolRate:

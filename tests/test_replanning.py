@@ -43,6 +43,7 @@ def test_a_model_outgrowing_its_group_is_rehosted_on_the_running_groups():
     assert decision.chosen in ("rehost", "replan") and decision.predicted_gain >= 0.3
     hosts = sum("a" in g.models for g in decision.placement.groups)
     assert hosts >= 2
+    assert decision.placement.models() == set(MODELS)  # b and c had no traffic, yet stay hosted
     assert decision.traffic["a"].rate_per_s == pytest.approx(25.0, rel=0.25)
 
 
