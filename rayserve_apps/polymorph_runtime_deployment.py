@@ -33,6 +33,7 @@ from ray import serve
 from models.text_encoder import load_text_encoder
 from ops.static_runtime import DynamicRuntime, PackedStaticRuntime, StaticRuntime
 from placement.replacement import rank_assignment
+from placement.runtime_allocation import ARLO_ALLOCATION_PERIOD_S
 from placement.spec import ModelSpec
 from rayserve_apps._threads import set_torch_threads_for
 
@@ -265,6 +266,8 @@ class PolymorphingPolicyParams(BaseModel):
     decay: float = Field(default=0.9, gt=0, le=1, description="Arlo Alg. 1 alpha.")
     max_levels: int = Field(default=6, ge=1, description="Arlo Alg. 1 L.")
     routing_stats_period_s: float = Field(default=1.0, gt=0, description="How often replicas report outstanding requests, in seconds.")
+    allocation_period_s: float = Field(default=ARLO_ALLOCATION_PERIOD_S, gt=0,
+                                       description="Seconds between runtime re-allocations (Arlo §5: 120 s; placement.arlo_live).")
 
 
 def bind_polymorph_model(model: ModelSpec, params: dict, deployment_name: str, assignment: dict[int, int] | None = None,
