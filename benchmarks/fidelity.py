@@ -51,15 +51,20 @@ RAY_NUM_CPUS = 8
 TEXT = "plexserve keeps a running deployment matched to its traffic"
 #: Lone requests per model when profiling (the median is kept).
 PROFILE_REQUESTS = 30
+#: Seconds and concurrent clients of the closed-loop throughput probe.
+THROUGHPUT_PROBE_S = 10.0
+THROUGHPUT_CONCURRENCY = 8
 #: SLO = this many times the slowest model's profiled latency (AlpaServe §6.2 "SLO scale").
-SLO_SCALE = 8.0
-#: Offered load as a share of the two devices' capacity.
-LOAD_FACTOR = 0.85
+SLO_SCALE = 4.0
+#: Offered load as a share of the measured throughput with every device busy.
+LOAD_FACTOR = 0.6
+#: Device memory in model weights: each device holds two of the three models, so the placement matters.
+MODELS_PER_DEVICE_MEMORY = 2.2
 #: Inter-arrival CV of the Gamma processes (bursty, as in AlpaServe §6.2).
 TRACE_CV = 2.0
 #: Popularity of the models before and after the shift.
-SHARES_BEFORE = (0.7, 0.2, 0.1)
-SHARES_AFTER = (0.1, 0.2, 0.7)
+SHARES_BEFORE = (0.75, 0.15, 0.1)
+SHARES_AFTER = (0.1, 0.15, 0.75)
 #: Load phase: offered rate as a multiple of capacity, and its length in seconds.
 SATURATION_FACTOR = 4.0
 SATURATION_S = 8.0
@@ -69,9 +74,9 @@ TIMELINE_BIN_S = 5.0
 log = setup_logging("fidelity")
 
 
-def spec_dict(placement: dict | None, profiles_path: str | None, slo_ms: float, period_s: float) -> dict:
+def spec_dict(placement: dict | None, profiles_path: str | None, slo_ms: float, period_s: float, memory_bytes: int) -> dict:
     spec: dict = {
-        "cluster": {"num_devices": NUM_DEVICES, "device_resource": DEVICE_RESOURCE},
+        "cluster": {"num_devices": NUM_DEVICES, "device_resource": DEVICE_RESOURCE, "device_memory_bytes": memory_bytes},
         "models": [{"name": m, "kind": "text", "source": "package:all-minilm-l6-v2", "slo_ms": slo_ms,
                     "num_cpus_per_replica": 0.5, "max_queued_requests": 64} for m in MODELS],
         "placement": placement,
@@ -117,6 +122,25 @@ async def profile_live(handle) -> tuple[dict[str, float], float]:
         overhead.append(float(np.median(through)) - service[model])
         log.info("profile %s: %.1f ms in the group, %.1f ms through the ingress", model, 1e3 * service[model], 1e3 * np.median(through))
     return service, max(0.0, float(np.median(overhead)))
+
+
+async def measure_throughput(handle, seconds: float, concurrency: int) -> float:
+    """Requests per second the whole system answers with every device busy (closed loop over all models).
+
+    The devices here are CPU shares of two cores that the ingress, the replicas and this driver share, so the
+    system's throughput is below what lone-request service times promise; the profiles are scaled to it."""
+    done = 0
+    stop = time.perf_counter() + seconds
+
+    async def worker(k: int) -> None:
+        nonlocal done
+        while time.perf_counter() < stop:
+            await handle.embed.remote(MODELS[(k + done) % len(MODELS)], [TEXT])
+            done += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker(k) for k in range(concurrency)))
+    return done / (time.perf_counter() - started)
 
 
 def measured_profiles(service_s: dict[str, float], weight_bytes: int):
@@ -267,19 +291,26 @@ async def run(args) -> dict:
 
     http_options = {"host": "127.0.0.1", "port": free_port()}
     serve.start(http_options=http_options)
-    duration_s = args.duration_s or (90.0 if args.quick else 240.0)
+    duration_s = args.duration_s or (120.0 if args.quick else 300.0)
     period_s = args.period_s or (10.0 if args.quick else 20.0)
 
     log.info("1/6 profiling: every model on both devices")
     everywhere = {"groups": [one_device_group(MODELS), one_device_group(MODELS)]}
-    deploy(spec_dict(everywhere, None, slo_ms=10_000, period_s=period_s), http_options)
+    deploy(spec_dict(everywhere, None, slo_ms=10_000, period_s=period_s, memory_bytes=16 * 1024**3), http_options)
     handle = serve.get_app_handle("plexserve")
-    service_s, overhead_s = await profile_live(handle)
-    profiles = measured_profiles(service_s, load_text_encoder().weight_bytes())
+    lone_s, overhead_s = await profile_live(handle)
+    throughput = await measure_throughput(handle, THROUGHPUT_PROBE_S, THROUGHPUT_CONCURRENCY)
+    # Per-request device time under load: the devices' share of the measured throughput, split by lone-time ratios.
+    scale = (NUM_DEVICES / throughput) / float(np.mean(list(lone_s.values())))
+    service_s = {m: s * max(scale, 1.0) for m, s in lone_s.items()}
+    log.info("throughput with every device busy: %.1f requests/s; per-request device time x%.2f of a lone request", throughput, scale)
+    weight_bytes = load_text_encoder().weight_bytes()
+    memory_bytes = int(MODELS_PER_DEVICE_MEMORY * weight_bytes)
+    profiles = measured_profiles(service_s, weight_bytes)
     folder = Path(tempfile.mkdtemp(prefix="plexserve-fidelity-"))
     profiles.save(folder / "profiles.json")
     slo_s = SLO_SCALE * (max(service_s.values()) + overhead_s)
-    capacity = NUM_DEVICES / float(np.mean(list(service_s.values())))
+    capacity = throughput
     total_rate = LOAD_FACTOR * capacity
     trace = make_trace(total_rate, duration_s, slo_s, seed=args.seed)
     log.info("SLO %.0f ms, capacity %.0f/s, trace %.0f requests/s over %.0f s (%d requests)", 1e3 * slo_s, capacity,
@@ -287,10 +318,10 @@ async def run(args) -> dict:
 
     log.info("2/6 deploying the placement planned for the first half, controller on")
     first_half = trace.window(0.0, duration_s / 2)
-    initial = plan(MODELS, profiles, first_half, NUM_DEVICES, 16 * 1024**3, PlannerConfig(max_group_devices=1)).normalize()
+    initial = plan(MODELS, profiles, first_half, NUM_DEVICES, memory_bytes, PlannerConfig(max_group_devices=1)).normalize()
     log.info("%s", initial.describe())
     initial_groups = {"groups": [g.model_dump(mode="json") for g in initial.groups]}
-    deploy(spec_dict(initial_groups, str(folder / "profiles.json"), 1e3 * slo_s, period_s), http_options)
+    deploy(spec_dict(initial_groups, str(folder / "profiles.json"), 1e3 * slo_s, period_s, memory_bytes), http_options)
     handle = serve.get_app_handle("plexserve")
     controller = serve.get_deployment_handle("PlacementController", app_name="plexserve")
     await controller.pause.remote(True)
@@ -341,7 +372,8 @@ async def run(args) -> dict:
                          for t, d in zip(changes, applied)],
         "rejected_during_replay": int((static["outcome"] == 1).sum() + (dynamic["outcome"] == 1).sum()),
         "failed_accepted": failed_accepted, "saturation": burst,
-        "slo_ms": 1e3 * slo_s, "service_ms": {m: 1e3 * s for m, s in service_s.items()}, "ingress_overhead_ms": 1e3 * overhead_s,
+        "slo_ms": 1e3 * slo_s, "service_ms": {m: 1e3 * s for m, s in service_s.items()}, "lone_service_ms": {m: 1e3 * s for m, s in lone_s.items()},
+        "throughput_per_s": throughput, "ingress_overhead_ms": 1e3 * overhead_s,
         "requests": len(trace), "duration_s": duration_s, "machine": machine_description(),
     }
     return figures
@@ -349,7 +381,7 @@ async def run(args) -> dict:
 
 def main() -> None:
     parser = make_parser(__doc__)
-    parser.add_argument("--duration-s", type=float, default=None, help="trace length (default 90 s quick, 240 s full)")
+    parser.add_argument("--duration-s", type=float, default=None, help="trace length (default 120 s quick, 300 s full)")
     parser.add_argument("--period-s", type=float, default=None, help="controller period (default 10 s quick, 20 s full)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()

@@ -2,7 +2,8 @@
 
 Every decision (its inputs, the candidates and their predicted attainment, the diff applied, how long it took and
 how it ended) is
-- logged as one JSON line on the logger `plexserve.decisions` (in the controller replica's log, in the dashboard);
+- logged as one line `placement decision {json}` in the controller replica's log (Serve's logger: the log files
+  and the dashboard's log view);
 - appended to a bounded list in the GCS key-value store, so that a restarted controller (on any node) still
   answers `GET /v1/placement/history` with the decisions made before it;
 - counted in `plexserve_controller_decisions_total{outcome}` with its predicted gain and duration as gauges.
@@ -16,7 +17,10 @@ from typing import Any
 
 from rayserve_apps import metrics
 
-logger = logging.getLogger("plexserve.decisions")
+#: Serve's own logger: its lines land in the controller replica's log file (and the dashboard's log view).
+logger = logging.getLogger("ray.serve")
+#: Prefix of a decision's log line (grep for it; the rest of the line is JSON).
+LOG_PREFIX = "placement decision "
 
 #: Namespace and key of the decision list in Ray's GCS key-value store (one list per application).
 KV_NAMESPACE = "plexserve"
@@ -55,7 +59,7 @@ class DecisionLog:
         entry = {"id": self.next_id, **entry}
         self.entries = [*self.entries, entry][-self.history_size:]
         self._store()
-        logger.info(json.dumps(entry, sort_keys=True))
+        logger.info(LOG_PREFIX + json.dumps(entry, sort_keys=True))
         outcome = entry.get("outcome", "unknown")
         metrics.controller_decisions_total().inc(tags={"outcome": outcome})
         metrics.controller_predicted_gain().set(float(entry.get("predicted_gain") or 0.0))
