@@ -90,12 +90,18 @@ def group_bundles_for(spec: DeploymentSpec, group: GroupPlacement | None) -> lis
     return group_bundles(group.num_devices, spec.cluster.device_resource, GROUP_REPLICA_NUM_CPUS, num_cpus_per_device)
 
 
-def _bind_group(spec: DeploymentSpec, index: int, group: GroupPlacement | None, version: int) -> Application:
+def group_max_queued_requests(spec: DeploymentSpec, group: GroupPlacement | None) -> int:
+    """Requests a slot's deployment queues before refusing (503 overloaded): its models' bounds summed; -1 (no
+    bound) for an empty slot, which is never routed to."""
     models = group.models if group is not None else []
+    return sum(spec.model(name).max_queued_requests for name in models) if models else -1
+
+
+def _bind_group(spec: DeploymentSpec, index: int, group: GroupPlacement | None, version: int) -> Application:
     return GroupReplica.options(
         name=group_deployment_name(index),
         num_replicas=1,
-        max_queued_requests=max(1, sum(spec.model(name).max_queued_requests for name in models)) if models else -1,
+        max_queued_requests=group_max_queued_requests(spec, group),
         ray_actor_options={"num_cpus": GROUP_REPLICA_NUM_CPUS},
         placement_group_bundles=group_bundles_for(spec, group),
         # A group's stages exchange activations every request: keep all its devices on one node.

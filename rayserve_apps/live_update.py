@@ -29,6 +29,7 @@ from rayserve_apps.app import (
     INGRESS_DEPLOYMENT,
     group_bundles_for,
     group_deployment_name,
+    group_max_queued_requests,
     group_user_config,
     ingress_user_config,
     num_group_slots,
@@ -58,10 +59,9 @@ def application_config(spec: DeploymentSpec, name: str = APP_NAME, route_prefix:
 def slot_override(spec: DeploymentSpec, index: int, layout: SlotLayout, version: int) -> dict[str, Any]:
     """The override of group slot `index`: its devices (bundles) and its user_config (config and models)."""
     group = layout.slots[index]
-    models = group.models if group is not None else []
     return {"name": group_deployment_name(index), "user_config": group_user_config(spec, group, version),
             "placement_group_bundles": group_bundles_for(spec, group), "placement_group_strategy": "STRICT_PACK",
-            "max_queued_requests": sum(spec.model(m).max_queued_requests for m in models) if models else -1}
+            "max_queued_requests": group_max_queued_requests(spec, group)}
 
 
 def layout_overrides(spec: DeploymentSpec, layout: SlotLayout, routes: list[list[str]], slot_versions: list[int],
