@@ -133,7 +133,8 @@ DEFAULT_CONTROLLER_PERIOD_S = 60.0
 class ControllerSpec(_Strict):
     """The live placement controller: re-plans under changing traffic and applies only what changed."""
 
-    enabled: bool = Field(default=True, description="Run the controller (it needs the spec's `planning.profiles`).")
+    enabled: bool = Field(default=True, description="Run the controller (group re-planning needs the spec's "
+                                                    "`planning.profiles`; polymorphing models' runtime allocation needs nothing more).")
     period_s: float = Field(default=DEFAULT_CONTROLLER_PERIOD_S, gt=0,
                             description="Seconds between two decisions; each judges the traffic of the last period.")
     min_gain: float = Field(default=0.02, ge=0, le=1,
@@ -209,6 +210,11 @@ class DeploymentSpec(_Strict):
     def _check_controller(self) -> "DeploymentSpec":
         if self.controller is None or not self.controller.enabled:
             return self
+        if self.placement is None and self.planning is None:
+            if not any(self.policy("polymorphing", m.name) is not None for m in self.models):
+                raise ValueError("controller: nothing to control: no placement, no `planning` and no model with "
+                                 "policies.polymorphing")
+            return self  # runtime allocation only (Arlo)
         if self.planning is None or "profiles" not in self.planning:
             raise ValueError("controller: the placement controller needs `planning.profiles` to simulate candidates")
         slots = self.controller.group_slots or self.cluster.num_devices

@@ -57,7 +57,9 @@ def group_deployment_name(index: int) -> str:
 def num_group_slots(spec: DeploymentSpec) -> int:
     """Group deployments of the application: one per group, or with the controller a fixed number of slots, so that
     a re-placement changes slots (restarting only those) and never the application's shape."""
-    groups = len(spec.placement.groups) if spec.placement is not None else 0
+    if spec.placement is None:
+        return 0
+    groups = len(spec.placement.groups)
     if not spec.controller_enabled():
         return groups
     return max(groups, spec.controller.group_slots or spec.cluster.num_devices)  # type: ignore[union-attr]

@@ -1,7 +1,9 @@
 """The live placement controller: watches traffic, re-plans with the simulator, rolls out only what changed.
 
-One replica of the deployment `PlacementController` runs beside the ingress (spec section `controller`). Every
-`period_s` it
+One replica of the deployment `PlacementController` runs beside the ingress (spec section `controller`). It has two
+duties, each run every `period_s` when the application has something for it:
+
+Group placement (an application with a placement; AlpaServe §4.2). Every period it
 1. takes the traffic the ingress replicas reported (`report`, one record per request) for the last period,
 2. asks `placement.replanning.ReplanPolicy` to keep or move: fit rate and CV per model, resample, simulate the
    running placement, a rehost on the running groups and a full AlpaServe re-plan (§4.2), and move only for a
@@ -10,6 +12,11 @@ One replica of the deployment `PlacementController` runs beside the ingress (spe
    updates (`live_update.py`): the ingress stops routing to what the step changes, the changed slots are
    reconfigured or replaced (other deployments untouched), the ingress routes to the new layout,
 4. writes the decision to the decision log (`decision_log.py`).
+
+Runtime allocation (each text model with `policies.polymorphing: {name: arlo}` outside the groups; Arlo §3.3):
+`runtime_allocations.py` re-solves the model's runtime counts from the input lengths of its last allocation period
+(`allocation_period_s`, Arlo: 120 s) and the controller applies a changed allocation as the model deployment's
+`num_replicas` and `user_config` override; each allocation is logged as a decision of its own.
 
 The controller keeps no state Serve does not have: on start (first deployment, or a restart after it died) it
 reads the running layout back from the application's deployed overrides, and its history from the GCS.
@@ -25,6 +32,7 @@ from typing import Any
 
 from ray import serve
 
+from placement.arlo_live import AllocationDecision
 from placement.deployment_planning import replan_policy
 from placement.placement_plan import GroupPlacement, Placement
 from placement.profiles import ParallelConfig
@@ -35,6 +43,7 @@ from rayserve_apps import metrics
 from rayserve_apps.app import APP_NAME, INGRESS_DEPLOYMENT, group_deployment_name, initial_layout
 from rayserve_apps.decision_log import DecisionLog
 from rayserve_apps.live_update import apply_overrides, deployed_overrides, layout_overrides
+from rayserve_apps.runtime_allocations import RuntimeAllocations
 
 logger = logging.getLogger("ray.serve")
 
@@ -78,14 +87,22 @@ class PlacementController:
 
     def __init__(self, spec: dict, app_name: str = APP_NAME):
         self.spec = parse_spec(spec)
-        if self.spec.controller is None or self.spec.placement is None:
-            raise ValueError("the placement controller needs the spec's `controller` section and a placement")
+        started = time.time()
+        self.runtimes = RuntimeAllocations(self.spec, start_s=started)
+        if self.spec.controller is None or (self.spec.placement is None and not self.runtimes.models):
+            raise ValueError("the placement controller needs the spec's `controller` section and a placement or a "
+                             "model with policies.polymorphing")
         self.settings = self.spec.controller
         self.app_name = app_name
-        self.policy = replan_policy(self.spec, _base_dir(self.spec))
-        self.models = sorted(self.spec.placement.models())
+        #: Group placement is re-planned only for an application with a placement.
+        self.groups_enabled = self.spec.placement is not None
+        self.policy = replan_policy(self.spec, _base_dir(self.spec)) if self.groups_enabled else None
+        self.models = sorted(self.spec.placement.models()) if self.spec.placement is not None else []
         self.slo_s = [self.spec.model(name).slo_ms / 1000.0 for name in self.models]
         self.window = TrafficWindow(self.settings.period_s)
+        #: Records over the allocators' longest period (Arlo's Q_i come from the input lengths seen in it).
+        self.length_window = TrafficWindow(self.runtimes.window_s) if self.runtimes.models else None
+        self.started_s = started
         self.log = DecisionLog(app_name, self.settings.history_size)
         self.layout = initial_layout(self.spec)
         self.slot_versions = [0] * len(self.layout.slots)
@@ -97,20 +114,23 @@ class PlacementController:
         self.paused = False
         self._lock = asyncio.Lock()
         self._loop_task = asyncio.get_running_loop().create_task(self._loop())
-        logger.info("placement controller: %d models, %d group slots, period %.0f s, version %d%s", len(self.models),
-                    len(self.layout.slots), self.settings.period_s, self.version, " (state read back from Serve)" if self.recovered else "")
+        logger.info("placement controller: %d models in %d group slots, %d polymorphing models, period %.0f s, version %d%s",
+                    len(self.models), len(self.layout.slots), len(self.runtimes.models), self.settings.period_s,
+                    self.version, " (state read back from Serve)" if self.recovered else "")
 
     # ---- state ----
 
     def _read_state(self) -> bool:
         """Adopt what Serve runs (after a restart, or after an earlier controller's re-placements)."""
         try:
-            state = layout_from_overrides(self.spec, deployed_overrides(self.app_name), len(self.layout.slots))
+            overrides = deployed_overrides(self.app_name)
         except RuntimeError as error:
             logger.warning("placement controller: cannot read the deployed config (%s); assuming the builder's layout", error)
             return False
+        adopted = self.runtimes.read_back(overrides)
+        state = layout_from_overrides(self.spec, overrides, len(self.layout.slots)) if self.groups_enabled else None
         if state is None:
-            return False
+            return bool(adopted)
         self.layout, self.slot_versions, ingress_version, self.routes = state
         self.version = max([ingress_version, *self.slot_versions])
         return True
@@ -119,7 +139,7 @@ class PlacementController:
         """What the controller believes runs: for tests, people and `GET /v1/placement`."""
         return {"layout": self.layout.model_dump(mode="json"), "routes": self.routes, "version": self.version,
                 "slot_versions": self.slot_versions, "models": self.models, "recovered": self.recovered,
-                "period_s": self.settings.period_s, "paused": self.paused}
+                "period_s": self.settings.period_s, "paused": self.paused, "runtimes": self.runtimes.state()}
 
     def pause(self, paused: bool = True) -> bool:
         """Stop (or resume) the periodic decisions; returns the new setting."""
@@ -132,7 +152,10 @@ class PlacementController:
 
     def report(self, records: list[dict[str, Any]]) -> int:
         """Traffic records from an ingress replica; returns how many were taken."""
-        self.window.add(RequestRecord.from_json(r) for r in records)
+        parsed = [RequestRecord.from_json(r) for r in records]
+        self.window.add(parsed)
+        if self.length_window is not None:
+            self.length_window.add(parsed)
         return len(records)
 
     # ---- decisions ----
@@ -144,14 +167,30 @@ class PlacementController:
             await asyncio.sleep(self.settings.period_s)
             if self.paused:
                 continue
-            try:
-                await self.replan_now()
-            except Exception:  # noqa: BLE001 - one failed decision must not stop the controller
-                logger.exception("placement controller: decision failed")
+            for enabled, decide in ((self.groups_enabled, self.replan_now), (bool(self.runtimes.models), self.reallocate_runtimes)):
+                if not enabled:
+                    continue
+                try:
+                    await decide()
+                except Exception:  # noqa: BLE001 - one failed decision must not stop the controller
+                    logger.exception("placement controller: decision failed")
 
     async def replan_now(self) -> dict[str, Any]:
         """Decide (and apply) now instead of at the end of the period; returns the logged decision."""
+        if not self.groups_enabled:
+            raise ValueError("this application has no group placement to re-plan (spec field 'placement')")
         return await self._logged("period", self._decide_and_apply)
+
+    async def reallocate_runtimes(self) -> list[dict[str, Any]]:
+        """Apply the runtime allocations that are due (Arlo's period per model); returns their logged decisions."""
+        now = time.time()
+        records = []
+        if self.length_window is not None:
+            self.length_window.trim(now)
+            records = list(self.length_window.records)
+        decisions = self.runtimes.decide(now, records, observed_s=now - self.started_s)
+        return [await self._logged("allocation_period", lambda m=model, d=decision: self._apply_runtime(m, d))
+                for model, decision in decisions.items()]
 
     async def apply_placement(self, placement: dict[str, Any], reason: str = "operator") -> dict[str, Any]:
         """Roll out a given placement (an operator's, or a planner's run offline); returns the logged decision."""
@@ -203,6 +242,24 @@ class PlacementController:
         return {"outcome": "applied", "diff": [[c.to_json() for c in step.changes] for step in rollout.steps],
                 "placement": _describe(self.layout.placement())}
 
+    async def _apply_runtime(self, model: str, decision: AllocationDecision) -> dict[str, Any]:
+        entry: dict[str, Any] = {"duty": "runtime_allocation", "model": model, "allocation": decision.model_dump(mode="json")}
+        if not decision.changed:
+            return {**entry, "outcome": "kept"}
+        overrides = self._overrides(self.layout, self.routes, pending={model: decision})
+        await asyncio.to_thread(apply_overrides, self.app_name, overrides)
+        self.runtimes.commit({model: decision})
+        if decision.replicas_changed:
+            metrics.placement_changes_total().inc(decision.replicas_changed, tags={"kind": "runtime"})
+        return {**entry, "outcome": "applied"}
+
+    def _overrides(self, layout: SlotLayout, routes: list[list[str]],
+                   pending: dict[str, AllocationDecision] | None = None) -> list[dict[str, Any]]:
+        """Every override the application runs with: group slots and ingress (with a placement), runtime allocations
+        (the `pending` decisions instead of the running allocations of their models)."""
+        groups = layout_overrides(self.spec, layout, routes, self.slot_versions, self.version) if self.groups_enabled else []
+        return groups + self.runtimes.overrides(pending)
+
     # ---- rollout (runs in a thread: Serve's config API and handles' .result() block) ----
 
     def _run_rollout(self, rollout: Rollout) -> None:
@@ -223,7 +280,7 @@ class PlacementController:
         self.version += 1
         for slot in changed:
             self.slot_versions[slot] = self.version
-        apply_overrides(self.app_name, layout_overrides(self.spec, layout, routes, self.slot_versions, self.version))
+        apply_overrides(self.app_name, self._overrides(layout, routes))
         self._wait_for_version(changed)
         self.layout, self.routes = layout, routes
 

@@ -112,4 +112,5 @@ def controller_decision_seconds() -> Gauge:
 @cache
 def placement_changes_total() -> Counter:
     return Counter("plexserve_placement_changes_total",
-                   description="Group slots changed by re-placements, by kind (rehost, start, stop).", tag_keys=("kind",))
+                   description="Group slots changed by re-placements, by kind (rehost, start, stop, replace); "
+                               "runtime replicas switched by Arlo re-allocations (runtime).", tag_keys=("kind",))

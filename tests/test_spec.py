@@ -77,3 +77,12 @@ def test_controller_needs_profiles_and_enough_group_slots():
     spec = parse_spec({**base, "planning": planning, "controller": {"period_s": 30}})
     assert spec.controller_enabled() and spec.controller.period_s == 30
     assert not parse_spec({**base, "controller": {"enabled": False}}).controller_enabled()
+
+
+def test_controller_without_placement_needs_a_polymorphing_model():
+    text = {"name": "t", "kind": "text", "source": "package:all-minilm-l6-v2"}
+    with pytest.raises(ValueError, match="nothing to control"):
+        parse_spec({"models": [text], "controller": {}})
+    arlo = {"polymorphing": {"name": "arlo", "params": {"capacities": {16: 2, 64: 8}}}}
+    spec = parse_spec({"models": [{**text, "policies": arlo}], "controller": {}})  # runtime allocation only
+    assert spec.controller_enabled() and spec.placement is None

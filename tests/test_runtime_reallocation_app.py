@@ -1,0 +1,126 @@
+"""Arlo's periodic re-allocation in a real plexserve application (Ray Serve, real MiniLM runtimes).
+
+One polymorphing model starts with a 16-token and a 64-token runtime replica. Only long texts arrive, so at the
+end of an allocation period the controller re-solves Arlo's Eq. 1-7, moves the short replica to the long runtime
+through a declarative config update while requests keep flowing (none fails), and a restarted controller adopts
+the allocation from Serve's config.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+import requests
+from ray import serve
+
+from placement.spec import parse_spec
+from rayserve_apps.live_update import application_config, apply_config, deployed_overrides
+
+pytestmark = pytest.mark.ray
+
+SHORT, LONG = 16, 64
+#: Runtime capacities within the SLO (Arlo M_i): set by hand for the test (a short runtime serves more).
+CAPACITIES = {SHORT: 40, LONG: 20}
+ALLOCATION_PERIOD_S = 8.0
+TIMEOUT_S = 120
+#: A text of about 40 tokens: only the long runtime fits it.
+LONG_TEXT = " ".join(["serving transformer models on shared devices"] * 6)
+#: Pause between two requests of the traffic thread (a few requests per second: well within both capacities).
+TRAFFIC_GAP_S = 0.2
+
+
+@pytest.fixture(scope="module")
+def app(ray_serve):
+    port = int(ray_serve.rsplit(":", 1)[1])
+    spec = parse_spec({
+        "models": [{"name": "minilm", "kind": "text", "source": "package:all-minilm-l6-v2", "num_cpus_per_replica": 0.5,
+                    "slo_ms": 1000, "max_input_length_tokens": LONG,
+                    "policies": {"polymorphing": {"name": "arlo", "params": {
+                        "capacities": CAPACITIES, "backend": "eager", "routing_stats_period_s": 0.5,
+                        "allocation_period_s": ALLOCATION_PERIOD_S}}}}],
+        "controller": {"period_s": 2, "stats_report_period_s": 0.5},
+    })
+    apply_config([application_config(spec)], {"host": "127.0.0.1", "port": port})
+    yield {"url": ray_serve, "controller": serve.get_deployment_handle("PlacementController", app_name="plexserve"),
+           "model": serve.get_deployment_handle("model-minilm", app_name="plexserve")}
+
+
+def embed(app, text: str) -> requests.Response:
+    return requests.post(f"{app['url']}/v1/models/minilm/embed", json={"texts": [text]}, timeout=TIMEOUT_S)
+
+
+def runtimes(app) -> dict:
+    state = app["controller"].state.remote().result(timeout_s=TIMEOUT_S)["runtimes"]["minilm"]
+    return {"assignment": {int(k): v for k, v in state["assignment"].items()}, "version": state["version"]}
+
+
+def test_controller_starts_from_the_builders_allocation(app):
+    assert runtimes(app) == {"assignment": {0: SHORT, 1: LONG}, "version": 0}
+    response = embed(app, LONG_TEXT)
+    assert response.status_code == 200 and len(response.json()["embeddings"][0]) == 384
+
+
+def test_long_traffic_moves_the_short_replica_to_the_long_runtime_without_failures(app):
+    statuses: Counter = Counter()
+    stop = threading.Event()
+
+    def traffic() -> None:
+        while not stop.wait(TRAFFIC_GAP_S):
+            statuses[embed(app, LONG_TEXT).status_code] += 1
+
+    def applied() -> list[dict]:
+        history = app["controller"].history.remote().result(timeout_s=TIMEOUT_S)
+        return [d for d in history if d.get("duty") == "runtime_allocation" and d["outcome"] == "applied"]
+
+    thread = threading.Thread(target=traffic)
+    thread.start()
+    try:
+        decisions: list = []
+        deadline = time.monotonic() + 6 * ALLOCATION_PERIOD_S + 120
+        while time.monotonic() < deadline and not decisions:
+            time.sleep(1)
+            decisions = applied()  # logged once Serve runs the new allocation
+        time.sleep(2)  # requests keep flowing after the replicas' runtime swap
+    finally:
+        stop.set()
+        thread.join(TIMEOUT_S)
+    assert set(statuses) == {200}, statuses
+    assert len(decisions) == 1 and decisions[0]["model"] == "minilm"
+    assert runtimes(app) == {"assignment": {0: LONG, 1: LONG}, "version": 1}
+    assert {int(k): v for k, v in decisions[0]["allocation"]["counts"].items()} == {SHORT: 0, LONG: 2}
+    (override,) = [o for o in deployed_overrides("plexserve") if o["name"] == "model-minilm"]
+    assert override["num_replicas"] == 2 and override["user_config"]["version"] == 1
+    # Both replicas now run the long runtime: even a short text is served by it (once routing stats carry the swap).
+    served = set()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        served = {app["model"].embed_with_runtime.remote([[101, 2000, 102]]).result(timeout_s=60)["served_by_max_length_tokens"]
+                  for _ in range(4)}
+        if served == {LONG}:
+            break
+        time.sleep(1)
+    assert served == {LONG}
+
+
+def test_restarted_controller_adopts_the_running_allocation(app):
+    import ray
+    from ray.util import list_named_actors
+
+    before = runtimes(app)
+    (actor,) = [a for a in list_named_actors(all_namespaces=True) if "plexserve#PlacementController#" in a["name"]]
+    ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
+    state: dict = {}
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            state = app["controller"].state.remote().result(timeout_s=30)
+            if state["recovered"]:
+                break
+        except Exception:  # noqa: BLE001 - the replacement replica is starting
+            time.sleep(1)
+    assert state["recovered"]
+    assert {int(k): v for k, v in state["runtimes"]["minilm"]["assignment"].items()} == before["assignment"]
+    assert state["runtimes"]["minilm"]["version"] == before["version"]
