@@ -98,16 +98,21 @@ def compile_static(module: nn.Module, example_args: tuple, backend: StaticBacken
     return fn
 
 
+def _check_static_shape(encoder: TextEncoder, max_length_tokens: int, rows_name: str, rows: int, backend: str) -> None:
+    """ValueError naming the parameter when a static shape [rows, max_length_tokens] or its backend is invalid."""
+    if max_length_tokens < 1 or max_length_tokens > encoder.max_length:
+        raise ValueError(f"max_length_tokens must be in [1, {encoder.max_length}] (the model's limit), got {max_length_tokens}")
+    if rows < 1:
+        raise ValueError(f"{rows_name} must be >= 1, got {rows}")
+    if backend not in STATIC_BACKENDS:
+        raise ValueError(f"backend must be one of {STATIC_BACKENDS}, got {backend!r}")
+
+
 class StaticRuntime:
     """The encoder at one fixed shape [batch_size, max_length_tokens]."""
 
     def __init__(self, encoder: TextEncoder, max_length_tokens: int, batch_size: int = 1, backend: StaticBackend = "trace"):
-        if max_length_tokens < 1 or max_length_tokens > encoder.max_length:
-            raise ValueError(f"max_length_tokens must be in [1, {encoder.max_length}] (the model's limit), got {max_length_tokens}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if backend not in STATIC_BACKENDS:
-            raise ValueError(f"backend must be one of {STATIC_BACKENDS}, got {backend!r}")
+        _check_static_shape(encoder, max_length_tokens, "batch_size", batch_size, backend)
         self.encoder = encoder
         self.max_length_tokens = max_length_tokens
         self.batch_size = batch_size
@@ -196,12 +201,7 @@ class PackedStaticRuntime:
     """
 
     def __init__(self, encoder: TextEncoder, max_length_tokens: int, rows: int = 1, backend: StaticBackend = "trace"):
-        if max_length_tokens < 1 or max_length_tokens > encoder.max_length:
-            raise ValueError(f"max_length_tokens must be in [1, {encoder.max_length}] (the model's limit), got {max_length_tokens}")
-        if rows < 1:
-            raise ValueError(f"rows must be >= 1, got {rows}")
-        if backend not in STATIC_BACKENDS:
-            raise ValueError(f"backend must be one of {STATIC_BACKENDS}, got {backend!r}")
+        _check_static_shape(encoder, max_length_tokens, "rows", rows, backend)
         self.encoder = encoder
         self.max_length_tokens = max_length_tokens  # TCB §5.1: L
         self.rows = rows  # TCB §5.1: B

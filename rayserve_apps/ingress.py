@@ -31,6 +31,7 @@ from placement.traffic_window import RequestRecord
 from placement.spec import DeploymentSpec, ModelSpec, parse_spec
 from rayserve_apps import metrics
 from rayserve_apps.backends import Backend, GroupBackend, ModelDeploymentBackend, ModelRouterBackend
+from rayserve_apps.polymorph_runtime_deployment import PolymorphingPolicyParams
 from rayserve_apps.traffic_reporter import TrafficReporter
 from rayserve_apps.requests import (
     QUERY_OPTION_FIELDS,
@@ -84,10 +85,17 @@ class Ingress:
         self.tokenizers: dict[str, TextTokenizer] = {
             m.name: load_text_tokenizer(m.source) for m in self.spec.models if m.kind == "text"
         }
-        self.text_limits = {
-            name: min(self.spec.model(name).max_input_length_tokens or tok.max_length, tok.max_length)
-            for name, tok in self.tokenizers.items()
-        }
+        self.text_limits = {name: self._text_limit(name, tok) for name, tok in self.tokenizers.items()}
+
+    def _text_limit(self, model: str, tokenizer: TextTokenizer) -> int:
+        """Most tokens a text of `model` may have: the spec's limit, the tokenizer's, and for a polymorphing model
+        with its own deployment the longest static runtime (Arlo: no runtime takes a longer input)."""
+        limit = min(self.spec.model(model).max_input_length_tokens or tokenizer.max_length, tokenizer.max_length)
+        polymorphing = self.spec.policy("polymorphing", model)
+        grouped = self.spec.placement.models() if self.spec.placement is not None else set()
+        if polymorphing is not None and model not in grouped:
+            limit = min(limit, max(PolymorphingPolicyParams.model_validate(polymorphing.params).capacities))
+        return limit
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """Adopt the slots' groups and routes of a re-placement step without a restart; see `live_update.py`."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -44,3 +45,27 @@ def ray_serve():
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+#: Seconds a restarted placement controller may take to come back and read its state from Serve.
+CONTROLLER_RESTART_TIMEOUT_S = 180.0
+
+
+def restart_controller(handle, app_name: str = "plexserve") -> dict:
+    """Kill the placement controller's replica (Serve starts a new one) and return the state the new replica
+    reports once it has read the running application back from Serve (`recovered`), or the last state seen."""
+    import ray
+    from ray.util import list_named_actors
+
+    (actor,) = [a for a in list_named_actors(all_namespaces=True) if f"{app_name}#PlacementController#" in a["name"]]
+    ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
+    state: dict = {}
+    deadline = time.monotonic() + CONTROLLER_RESTART_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            state = handle.state.remote().result(timeout_s=30)
+            if state["recovered"]:
+                break
+        except Exception:  # noqa: BLE001 - the replacement replica is starting
+            time.sleep(1)
+    return state

@@ -19,7 +19,7 @@ import requests
 import torch
 from ray import serve
 
-from conftest import TEST_DEVICE_RESOURCE, free_port
+from conftest import TEST_DEVICE_RESOURCE, free_port, restart_controller
 from models import load_vit
 from placement.paper_profiles import model_profile
 from placement.profiles import ProfileSet
@@ -206,30 +206,10 @@ class ThreadPoolRate:
         self.pool.shutdown(wait=True)
 
 
-def replica_actor(deployment: str):
-    import ray
-    from ray.util import list_named_actors
-
-    names = [a for a in list_named_actors(all_namespaces=True) if f"plexserve#{deployment}#" in a["name"]]
-    assert len(names) == 1, names
-    return ray.get_actor(names[0]["name"], namespace=names[0]["namespace"])
-
-
 def test_controller_restart_reads_its_state_back_from_serve(app):
-    import ray
-
     before = app["controller"].state.remote().result(timeout_s=TIMEOUT_S)
     history = app["controller"].history.remote().result(timeout_s=TIMEOUT_S)
-    ray.kill(replica_actor("PlacementController"), no_restart=True)
-    after: dict = {}
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            after = app["controller"].state.remote().result(timeout_s=30)
-            if after["recovered"]:
-                break
-        except Exception:  # noqa: BLE001 - the replacement replica is starting
-            time.sleep(1)
+    after = restart_controller(app["controller"])
     assert after["recovered"] and after["layout"] == before["layout"] and after["version"] == before["version"]
     assert app["controller"].history.remote().result(timeout_s=TIMEOUT_S) == history
 

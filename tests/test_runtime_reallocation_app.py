@@ -3,7 +3,7 @@
 One polymorphing model starts with a 16-token and a 64-token runtime replica. Only long texts arrive, so at the
 end of an allocation period the controller re-solves Arlo's Eq. 1-7, moves the short replica to the long runtime
 through a declarative config update while requests keep flowing (none fails), and a restarted controller adopts
-the allocation from Serve's config.
+the allocation from Serve's config. A text longer than the longest runtime is refused at the ingress (413).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pytest
 import requests
 from ray import serve
 
+from conftest import restart_controller
 from placement.spec import parse_spec
 from rayserve_apps.live_update import application_config, apply_config, deployed_overrides
 
@@ -37,7 +38,7 @@ def app(ray_serve):
     port = int(ray_serve.rsplit(":", 1)[1])
     spec = parse_spec({
         "models": [{"name": "minilm", "kind": "text", "source": "package:all-minilm-l6-v2", "num_cpus_per_replica": 0.5,
-                    "slo_ms": 1000, "max_input_length_tokens": LONG,
+                    "slo_ms": 1000,
                     "policies": {"polymorphing": {"name": "arlo", "params": {
                         "capacities": CAPACITIES, "backend": "eager", "routing_stats_period_s": 0.5,
                         "allocation_period_s": ALLOCATION_PERIOD_S}}}}],
@@ -61,6 +62,13 @@ def test_controller_starts_from_the_builders_allocation(app):
     assert runtimes(app) == {"assignment": {0: SHORT, 1: LONG}, "version": 0}
     response = embed(app, LONG_TEXT)
     assert response.status_code == 200 and len(response.json()["embeddings"][0]) == 384
+
+
+def test_text_longer_than_the_longest_runtime_gets_413_naming_the_limit(app):
+    response = embed(app, LONG_TEXT * 3)  # ~120 tokens: within MiniLM's 256 but beyond the 64-token runtime
+    assert response.status_code == 413
+    error = response.json()["error"]
+    assert error["field"] == "texts[0]" and f"at most {LONG} tokens" in error["message"]
 
 
 def test_long_traffic_moves_the_short_replica_to_the_long_runtime_without_failures(app):
@@ -106,21 +114,8 @@ def test_long_traffic_moves_the_short_replica_to_the_long_runtime_without_failur
 
 
 def test_restarted_controller_adopts_the_running_allocation(app):
-    import ray
-    from ray.util import list_named_actors
-
     before = runtimes(app)
-    (actor,) = [a for a in list_named_actors(all_namespaces=True) if "plexserve#PlacementController#" in a["name"]]
-    ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
-    state: dict = {}
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            state = app["controller"].state.remote().result(timeout_s=30)
-            if state["recovered"]:
-                break
-        except Exception:  # noqa: BLE001 - the replacement replica is starting
-            time.sleep(1)
+    state = restart_controller(app["controller"])
     assert state["recovered"]
     assert {int(k): v for k, v in state["runtimes"]["minilm"]["assignment"].items()} == before["assignment"]
     assert state["runtimes"]["minilm"]["version"] == before["version"]
