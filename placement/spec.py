@@ -211,7 +211,7 @@ class DeploymentSpec(_Strict):
         if self.controller is None or not self.controller.enabled:
             return self
         if self.placement is None and self.planning is None:
-            if not any(self.policy("polymorphing", m.name) is not None for m in self.models):
+            if not self.polymorphing_models():
                 raise ValueError("controller: nothing to control: no placement, no `planning` and no model with "
                                  "policies.polymorphing")
             return self  # runtime allocation only (Arlo)
@@ -224,6 +224,11 @@ class DeploymentSpec(_Strict):
 
     def controller_enabled(self) -> bool:
         return self.controller is not None and self.controller.enabled
+
+    def polymorphing_models(self) -> list[str]:
+        """Models served as Arlo runtimes in a deployment of their own: a polymorphing policy and in no group."""
+        grouped = self.placement.models() if self.placement is not None else set()
+        return [m.name for m in self.models if m.name not in grouped and self.policy("polymorphing", m.name) is not None]
 
     def policy(self, role: str, model: str | None = None) -> PolicySpec | None:
         """The policy for `role`: the model's own if it names one, else the spec-wide one, else None."""

@@ -91,10 +91,9 @@ class Ingress:
         """Most tokens a text of `model` may have: the spec's limit, the tokenizer's, and for a polymorphing model
         with its own deployment the longest static runtime (Arlo: no runtime takes a longer input)."""
         limit = min(self.spec.model(model).max_input_length_tokens or tokenizer.max_length, tokenizer.max_length)
-        polymorphing = self.spec.policy("polymorphing", model)
-        grouped = self.spec.placement.models() if self.spec.placement is not None else set()
-        if polymorphing is not None and model not in grouped:
-            limit = min(limit, max(PolymorphingPolicyParams.model_validate(polymorphing.params).capacities))
+        if model in self.spec.polymorphing_models():
+            params = self.spec.policy("polymorphing", model).params  # type: ignore[union-attr]
+            limit = min(limit, max(PolymorphingPolicyParams.model_validate(params).capacities))
         return limit
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:

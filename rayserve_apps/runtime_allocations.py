@@ -14,7 +14,6 @@ The running allocation lives in Serve's config, not here: after a controller res
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Iterable
 
 from placement.arlo_live import AllocationDecision, LiveRuntimeAllocator
@@ -23,14 +22,6 @@ from placement.traffic_window import RequestRecord
 from rayserve_apps.app import model_deployment_name
 from rayserve_apps.polymorph_runtime_deployment import PolymorphingPolicyParams, PolymorphUserConfig, allocation_update
 
-logger = logging.getLogger("ray.serve")
-
-
-def polymorphing_models(spec: DeploymentSpec) -> list[str]:
-    """Models with their own polymorphing deployment: Arlo policy, not hosted by a group."""
-    grouped = spec.placement.models() if spec.placement is not None else set()
-    return [m.name for m in spec.models if m.name not in grouped and spec.policy("polymorphing", m.name) is not None]
-
 
 class RuntimeAllocations:
     """The allocators and the running allocation (rank -> max length, version) of every polymorphing model."""
@@ -38,7 +29,7 @@ class RuntimeAllocations:
     def __init__(self, spec: DeploymentSpec, start_s: float):
         self.allocators: dict[str, LiveRuntimeAllocator] = {}
         self.running: dict[str, PolymorphUserConfig] = {}
-        for name in polymorphing_models(spec):
+        for name in spec.polymorphing_models():
             params = spec.policy("polymorphing", name).params  # type: ignore[union-attr]
             policy = PolymorphingPolicyParams.model_validate(params)
             counts = policy.initial_counts or {length: 1 for length in policy.capacities}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from placement.spec import parse_spec
 from placement.traffic_window import RequestRecord
-from rayserve_apps.runtime_allocations import RuntimeAllocations, polymorphing_models
+from rayserve_apps.runtime_allocations import RuntimeAllocations
 
 SHORT, LONG = 16, 64
 PERIOD_S = 10.0
@@ -23,10 +23,10 @@ def long_requests(count: int, model: str = "poly", tokens: int = 40) -> list[Req
 
 
 def test_only_polymorphing_models_outside_groups_are_allocated():
-    assert polymorphing_models(spec()) == ["poly"]
+    assert spec().polymorphing_models() == ["poly"]
     group = {"num_devices": 1, "config": {"intra_op_degree": 1, "pipeline_stages": 1}, "models": ["poly"]}
     grouped = spec(placement={"groups": [group]}, planning={"profiles": {"path": "p.json"}})
-    assert polymorphing_models(grouped) == []
+    assert grouped.polymorphing_models() == []
 
 
 def test_overrides_start_from_the_builders_allocation():
