@@ -260,3 +260,30 @@ class LiveRuntimeAllocator:
             return previous
         return None
 
+
+
+def apply_scaling(assignment: Mapping[int, int], action: Literal["scale_out", "scale_in"],
+                  longest_max_length_tokens: int) -> dict[int, int]:
+    """The replica rank -> runtime max length assignment after a target-tracking action (Arlo §3.3 "Resource
+    auto-scaling", §4; `placement.autoscaling.TargetTrackingAutoscaler` decides the action).
+
+    scale_out adds rank N with the longest runtime (it can take any request). scale_in releases the highest rank:
+    in the live app Serve picks the replica it stops and keeps ranks contiguous, and every replica runs its rank's
+    runtime, so a particular instance cannot be released there (Arlo's least-busy choice applies in the simulator).
+    When the release leaves no instance of the longest runtime (Arlo Eq. 7), the highest remaining rank takes it.
+    The next periodic re-allocation re-balances the runtimes over the new instance count.
+    """
+    ranks = dict(sorted((int(rank), int(length)) for rank, length in assignment.items()))
+    if list(ranks) != list(range(len(ranks))):
+        raise ValueError(f"assignment ranks must be 0..N-1, got {sorted(ranks)}")
+    if action == "scale_out":
+        ranks[len(ranks)] = longest_max_length_tokens
+        return ranks
+    if action != "scale_in":
+        raise ValueError(f"action must be 'scale_out' or 'scale_in', got {action!r}")
+    if len(ranks) <= 1:
+        raise ValueError("scale_in needs at least two instances (Arlo Eq. 7 keeps one of the longest runtime)")
+    ranks.pop(len(ranks) - 1)
+    if longest_max_length_tokens not in ranks.values():
+        ranks[len(ranks) - 1] = longest_max_length_tokens
+    return ranks

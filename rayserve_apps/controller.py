@@ -16,7 +16,8 @@ Group placement (an application with a placement; AlpaServe §4.2). Every period
 Runtime allocation (each text model with `policies.polymorphing: {name: arlo}` outside the groups; Arlo §3.3):
 `runtime_allocations.py` re-solves the model's runtime counts from the input lengths of its last allocation period
 (`allocation_period_s`, Arlo: 120 s) and the controller applies a changed allocation as the model deployment's
-`num_replicas` and `user_config` override; each allocation is logged as a decision of its own.
+`num_replicas` and `user_config` override; each allocation is logged as a decision of its own. With `autoscaling`
+in the policy params, Arlo's target tracking (§4) adds or releases a replica first, every period.
 
 The controller keeps no state Serve does not have: on start (first deployment, or a restart after it died) it
 reads the running layout back from the application's deployed overrides, and its history from the GCS.
@@ -43,7 +44,7 @@ from rayserve_apps import metrics
 from rayserve_apps.app import APP_NAME, INGRESS_DEPLOYMENT, group_deployment_name, initial_layout
 from rayserve_apps.decision_log import DecisionLog
 from rayserve_apps.live_update import apply_overrides, deployed_overrides, layout_overrides
-from rayserve_apps.runtime_allocations import RuntimeAllocations
+from rayserve_apps.runtime_allocations import RuntimeAllocations, ScalingUpdate
 
 logger = logging.getLogger("ray.serve")
 
@@ -156,6 +157,7 @@ class PlacementController:
         self.window.add(parsed)
         if self.length_window is not None:
             self.length_window.add(parsed)
+        self.runtimes.observe(parsed)
         return len(records)
 
     # ---- decisions ----
@@ -182,15 +184,18 @@ class PlacementController:
         return await self._logged("period", self._decide_and_apply)
 
     async def reallocate_runtimes(self) -> list[dict[str, Any]]:
-        """Apply the runtime allocations that are due (Arlo's period per model); returns their logged decisions."""
+        """Apply the target-tracking actions (autoscaled models) and then the runtime allocations that are due
+        (Arlo's period per model); returns their logged decisions."""
+        logged = [await self._logged("autoscaling", lambda m=model, u=update: self._apply_runtime(m, u))
+                  for model, update in self.runtimes.scale(time.time()).items()]
         now = time.time()
         records = []
         if self.length_window is not None:
             self.length_window.trim(now)
             records = list(self.length_window.records)
         decisions = self.runtimes.decide(now, records, observed_s=now - self.started_s)
-        return [await self._logged("allocation_period", lambda m=model, d=decision: self._apply_runtime(m, d))
-                for model, decision in decisions.items()]
+        return logged + [await self._logged("allocation_period", lambda m=model, d=decision: self._apply_runtime(m, d))
+                         for model, decision in decisions.items()]
 
     async def apply_placement(self, placement: dict[str, Any], reason: str = "operator") -> dict[str, Any]:
         """Roll out a given placement (an operator's, or a planner's run offline); returns the logged decision."""
@@ -242,19 +247,25 @@ class PlacementController:
         return {"outcome": "applied", "diff": [[c.to_json() for c in step.changes] for step in rollout.steps],
                 "placement": _describe(self.layout.placement())}
 
-    async def _apply_runtime(self, model: str, decision: AllocationDecision) -> dict[str, Any]:
-        entry: dict[str, Any] = {"duty": "runtime_allocation", "model": model, "allocation": decision.model_dump(mode="json")}
-        if not decision.changed:
-            return {**entry, "outcome": "kept"}
-        overrides = self._overrides(self.layout, self.routes, pending={model: decision})
+    async def _apply_runtime(self, model: str, update: AllocationDecision | ScalingUpdate) -> dict[str, Any]:
+        """Apply a runtime allocation or a scaling action of one polymorphing model as its deployment's override."""
+        if isinstance(update, ScalingUpdate):
+            entry: dict[str, Any] = {"duty": "autoscaling", "model": model, "scaling": update.model_dump(mode="json")}
+            kind, replicas_changed = update.action, abs(update.num_replicas - update.previous_num_replicas)
+        else:
+            entry = {"duty": "runtime_allocation", "model": model, "allocation": update.model_dump(mode="json")}
+            if not update.changed:
+                return {**entry, "outcome": "kept"}
+            kind, replicas_changed = "runtime", update.replicas_changed
+        overrides = self._overrides(self.layout, self.routes, pending={model: update})
         await asyncio.to_thread(apply_overrides, self.app_name, overrides)
-        self.runtimes.commit({model: decision})
-        if decision.replicas_changed:
-            metrics.placement_changes_total().inc(decision.replicas_changed, tags={"kind": "runtime"})
+        self.runtimes.commit({model: update})
+        if replicas_changed:
+            metrics.placement_changes_total().inc(replicas_changed, tags={"kind": kind})
         return {**entry, "outcome": "applied"}
 
     def _overrides(self, layout: SlotLayout, routes: list[list[str]],
-                   pending: dict[str, AllocationDecision] | None = None) -> list[dict[str, Any]]:
+                   pending: dict[str, AllocationDecision | ScalingUpdate] | None = None) -> list[dict[str, Any]]:
         """Every override the application runs with: group slots and ingress (with a placement), runtime allocations
         (the `pending` decisions instead of the running allocations of their models)."""
         groups = layout_overrides(self.spec, layout, routes, self.slot_versions, self.version) if self.groups_enabled else []

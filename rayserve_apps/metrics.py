@@ -113,4 +113,5 @@ def controller_decision_seconds() -> Gauge:
 def placement_changes_total() -> Counter:
     return Counter("plexserve_placement_changes_total",
                    description="Group slots changed by re-placements, by kind (rehost, start, stop, replace); "
-                               "runtime replicas switched by Arlo re-allocations (runtime).", tag_keys=("kind",))
+                               "runtime replicas switched by Arlo re-allocations (runtime) or added and released by its "
+                               "target tracking (scale_out, scale_in).", tag_keys=("kind",))

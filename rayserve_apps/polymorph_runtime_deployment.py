@@ -32,6 +32,7 @@ from ray import serve
 
 from models.text_encoder import load_text_encoder
 from ops.static_runtime import DynamicRuntime, PackedStaticRuntime, StaticRuntime
+from placement.autoscaling import AutoscalingParams
 from placement.replacement import rank_assignment
 from placement.runtime_allocation import ARLO_ALLOCATION_PERIOD_S
 from placement.spec import ModelSpec
@@ -268,6 +269,17 @@ class PolymorphingPolicyParams(BaseModel):
     routing_stats_period_s: float = Field(default=1.0, gt=0, description="How often replicas report outstanding requests, in seconds.")
     allocation_period_s: float = Field(default=ARLO_ALLOCATION_PERIOD_S, gt=0,
                                        description="Seconds between runtime re-allocations (Arlo §5: 120 s; placement.arlo_live).")
+    autoscaling: dict[str, Any] | None = Field(
+        default=None, description="Arlo §4 target tracking applied by the controller: the fields of "
+                                  "placement.autoscaling.AutoscalingParams but slo_ms (the model's); null: a fixed replica count.")
+
+    def autoscaling_params(self, slo_ms: float) -> AutoscalingParams | None:
+        """The target-tracking parameters with the model's SLO (ValueError naming a bad field)."""
+        if self.autoscaling is None:
+            return None
+        if "slo_ms" in self.autoscaling:
+            raise ValueError("polymorphing.params.autoscaling.slo_ms: the SLO is the model's own slo_ms")
+        return AutoscalingParams.model_validate({**self.autoscaling, "slo_ms": slo_ms})
 
 
 def bind_polymorph_model(model: ModelSpec, params: dict, deployment_name: str, assignment: dict[int, int] | None = None,
@@ -282,6 +294,7 @@ def bind_polymorph_model(model: ModelSpec, params: dict, deployment_name: str, a
     from rayserve_apps.polymorph_router import PolymorphRouter
 
     policy = PolymorphingPolicyParams.model_validate(params)
+    policy.autoscaling_params(model.slo_ms)  # a bad autoscaling field fails here, before deploying
     counts = policy.initial_counts or {length: 1 for length in policy.capacities}
     unknown = set(counts) - set(policy.capacities)
     if unknown:

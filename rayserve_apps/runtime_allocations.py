@@ -9,18 +9,44 @@ current number of replicas and returns the fewest ranks to switch. The controlle
 deployment's override (`num_replicas`, `user_config`) in the application's Serve config (`overrides`): Serve calls
 `reconfigure` on the running replicas, which build their new runtime before swapping it in, so no request is dropped.
 
+With `autoscaling` in the policy params, `scale` also applies Arlo's target tracking (§4) every controller period:
+one more replica with the longest runtime when the p98 latency of the requests answered since the last check
+reaches 95% of the SLO, one fewer when it stays under 50% for `scale_in_period_s`
+(`placement.autoscaling.TargetTrackingAutoscaler`, `placement.arlo_live.apply_scaling`); the allocator then
+re-solves Eq. 1-7 for the new replica count at its next period.
+
 The running allocation lives in Serve's config, not here: after a controller restart `read_back` adopts it.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections import deque
+from typing import Any, Iterable, Literal
 
-from placement.arlo_live import AllocationDecision, LiveRuntimeAllocator
+from pydantic import BaseModel, ConfigDict, Field
+
+from placement.arlo_live import AllocationDecision, LiveRuntimeAllocator, apply_scaling
+from placement.autoscaling import TargetTrackingAutoscaler
 from placement.spec import DeploymentSpec
 from placement.traffic_window import RequestRecord
 from rayserve_apps.app import model_deployment_name
 from rayserve_apps.polymorph_runtime_deployment import PolymorphingPolicyParams, PolymorphUserConfig, allocation_update
+
+
+#: Latencies kept per model between two autoscaling checks (older ones are dropped first).
+MAX_PENDING_LATENCIES = 100_000
+
+
+class ScalingUpdate(BaseModel):
+    """One target-tracking action on a polymorphing model's deployment and the update realising it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    action: Literal["scale_out", "scale_in"] = Field(description="Add a replica (longest runtime) or release one.")
+    p98_s: float = Field(description="p98 latency of the requests answered since the last check, in seconds.")
+    previous_num_replicas: int = Field(description="Replicas before the action.")
+    num_replicas: int = Field(description="Serve num_replicas after the action.")
+    user_config: dict[str, Any] = Field(description="Serve user_config: PolymorphUserConfig as JSON (assignment, version).")
 
 
 class RuntimeAllocations:
@@ -29,9 +55,15 @@ class RuntimeAllocations:
     def __init__(self, spec: DeploymentSpec, start_s: float):
         self.allocators: dict[str, LiveRuntimeAllocator] = {}
         self.running: dict[str, PolymorphUserConfig] = {}
+        self.autoscalers: dict[str, TargetTrackingAutoscaler] = {}
+        self._latencies_s: dict[str, deque[float]] = {}
         for name in spec.polymorphing_models():
             params = spec.policy("polymorphing", name).params  # type: ignore[union-attr]
             policy = PolymorphingPolicyParams.model_validate(params)
+            scaling = policy.autoscaling_params(spec.model(name).slo_ms)
+            if scaling is not None:
+                self.autoscalers[name] = TargetTrackingAutoscaler(scaling, max(policy.capacities))
+                self._latencies_s[name] = deque(maxlen=MAX_PENDING_LATENCIES)
             counts = policy.initial_counts or {length: 1 for length in policy.capacities}
             num_replicas, user_config = allocation_update({}, counts, version=0)  # what the app builder deploys
             self.running[name] = PolymorphUserConfig.model_validate(user_config)
@@ -57,7 +89,7 @@ class RuntimeAllocations:
             adopted.append(name)
         return adopted
 
-    def overrides(self, pending: dict[str, AllocationDecision] | None = None) -> list[dict[str, Any]]:
+    def overrides(self, pending: dict[str, AllocationDecision | ScalingUpdate] | None = None) -> list[dict[str, Any]]:
         """`deployments:` overrides that run the current allocations, or the `pending` ones for the models they name
         (written with every config apply)."""
         configs = {**self.running, **{name: PolymorphUserConfig.model_validate(d.user_config) for name, d in (pending or {}).items()}}
@@ -79,8 +111,34 @@ class RuntimeAllocations:
                 decisions[name] = decision
         return decisions
 
-    def commit(self, decisions: dict[str, AllocationDecision]) -> None:
-        """Record applied decisions as the running allocations."""
+    def observe(self, records: Iterable[RequestRecord]) -> None:
+        """Take the latencies of answered requests of autoscaled models, for the next `scale` check."""
+        for record in records:
+            pending = self._latencies_s.get(record.model)
+            if pending is not None and record.outcome == "ok" and record.latency_ms is not None:
+                pending.append(record.latency_ms / 1000.0)
+
+    def scale(self, now_s: float) -> dict[str, ScalingUpdate]:
+        """Arlo §4 target tracking over the latencies observed since the last check; the running allocations are
+        not changed until `commit`."""
+        updates = {}
+        for name, scaler in self.autoscalers.items():
+            latencies = list(self._latencies_s[name])
+            self._latencies_s[name].clear()
+            running = self.running[name]
+            # The controller does not see per-replica load: every rank counts as equally busy (see apply_scaling).
+            decision = scaler.decide(now_s, latencies, {rank: 0 for rank in running.assignment})
+            if decision.action == "none":
+                continue
+            assignment = apply_scaling(running.assignment, decision.action, scaler.longest_max_length_tokens)
+            updates[name] = ScalingUpdate(
+                action=decision.action, p98_s=decision.p98_s or 0.0, previous_num_replicas=len(running.assignment),
+                num_replicas=len(assignment),
+                user_config=PolymorphUserConfig(assignment=assignment, version=running.version + 1).model_dump(mode="json"))
+        return updates
+
+    def commit(self, decisions: dict[str, AllocationDecision | ScalingUpdate]) -> None:
+        """Record applied decisions (allocations or scaling updates) as the running allocations."""
         for name, decision in decisions.items():
             self.running[name] = PolymorphUserConfig.model_validate(decision.user_config)
 

@@ -166,3 +166,15 @@ def test_bad_decide_inputs_name_the_argument():
         alloc.decide(PERIOD_S, [SHORT], PERIOD_S, START, num_instances=0)
     with pytest.raises(ValueError, match="allocation_period_s"):
         LiveRuntimeAllocator.from_policy_params({"capacities": CAPACITIES, "allocation_period_s": -1}, slo_s=SLO_S)
+
+
+def test_scaling_adds_the_longest_runtime_and_releases_the_highest_rank_keeping_one_longest():
+    from placement.arlo_live import apply_scaling
+
+    assert apply_scaling({0: 16, 1: 64}, "scale_out", 64) == {0: 16, 1: 64, 2: 64}
+    assert apply_scaling({0: 16, 1: 64, 2: 16}, "scale_in", 64) == {0: 16, 1: 64}
+    assert apply_scaling({0: 16, 1: 64}, "scale_in", 64) == {0: 64}  # Eq. 7: the last instance runs the longest
+    with pytest.raises(ValueError, match="at least two"):
+        apply_scaling({0: 64}, "scale_in", 64)
+    with pytest.raises(ValueError, match="0..N-1"):
+        apply_scaling({0: 16, 2: 64}, "scale_out", 64)

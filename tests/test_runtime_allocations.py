@@ -63,3 +63,46 @@ def test_restarted_controller_adopts_the_deployed_allocation():
     assert second.state() == first.state()
     assert second.allocators["poly"].version == 1
     assert RuntimeAllocations(spec(), start_s=0.0).read_back([]) == []
+
+
+def autoscaled_spec(**autoscaling):
+    params = {**ARLO["polymorphing"]["params"], "autoscaling": autoscaling}
+    return parse_spec({"models": [{"name": "poly", "kind": "text", "source": "package:all-minilm-l6-v2", "slo_ms": 100,
+                                   "policies": {"polymorphing": {"name": "arlo", "params": params}}}],
+                       "controller": {"period_s": 1}})
+
+
+def answered(latency_ms: float, count: int = 50, model: str = "poly") -> list[RequestRecord]:
+    return [RequestRecord(model, arrival_s=0.0, outcome="ok", latency_ms=latency_ms, input_tokens=40) for _ in range(count)]
+
+
+def test_target_tracking_adds_a_longest_replica_at_95_percent_and_releases_one_after_a_low_period():
+    allocations = RuntimeAllocations(autoscaled_spec(scale_out_cooldown_s=0, scale_in_period_s=5, max_instances=3), 0.0)
+    allocations.observe(answered(99.0) + answered(500.0, model="other")
+                        + [RequestRecord("poly", 0.0, "rejected", input_tokens=40)])
+    (update,) = allocations.scale(1.0).values()
+    assert update.action == "scale_out" and update.p98_s >= 0.095 and update.num_replicas == 3
+    assert {int(k): v for k, v in update.user_config["assignment"].items()} == {0: SHORT, 1: LONG, 2: LONG}
+    allocations.commit({"poly": update})
+    assert allocations.overrides()[0]["num_replicas"] == 3 and allocations.state()["poly"]["version"] == 1
+    allocations.observe(answered(99.0))
+    assert allocations.scale(2.0) == {}  # max_instances reached
+    assert allocations.scale(2.5) == {}  # nothing answered since the last check: no decision
+    allocations.observe(answered(10.0))
+    assert allocations.scale(3.0) == {}  # low p98, but not yet for scale_in_period_s
+    allocations.observe(answered(10.0))
+    (release,) = allocations.scale(8.0).values()
+    assert release.action == "scale_in" and release.num_replicas == 2 and release.user_config["version"] == 2
+    # The next periodic allocation solves Eq. 1-7 for the new replica count.
+    allocations.commit({"poly": release})
+    decision = allocations.decide(PERIOD_S, long_requests(50), observed_s=PERIOD_S)["poly"]
+    assert sum(decision.counts.values()) == 2
+
+
+def test_bad_autoscaling_field_is_named():
+    import pytest
+
+    with pytest.raises(ValueError, match="scale_in_fraction"):
+        RuntimeAllocations(autoscaled_spec(scale_in_fraction=2.0), 0.0)
+    with pytest.raises(ValueError, match="slo_ms"):
+        RuntimeAllocations(autoscaled_spec(slo_ms=5.0), 0.0)

@@ -119,3 +119,36 @@ def test_restarted_controller_adopts_the_running_allocation(app):
     assert state["recovered"]
     assert {int(k): v for k, v in state["runtimes"]["minilm"]["assignment"].items()} == before["assignment"]
     assert state["runtimes"]["minilm"]["version"] == before["version"]
+
+
+def test_latency_over_95_percent_of_the_slo_adds_a_replica_with_the_longest_runtime(app):
+    # The same application re-deployed with one replica, a 5 ms SLO (every MiniLM request takes longer) and
+    # target tracking up to two replicas; the periodic re-allocation is kept out of the way (one-hour period).
+    port = int(app["url"].rsplit(":", 1)[1])
+    params = {"capacities": CAPACITIES, "initial_counts": {LONG: 1}, "backend": "eager", "routing_stats_period_s": 0.5,
+              "allocation_period_s": 3600, "autoscaling": {"scale_out_cooldown_s": 0, "max_instances": 2}}
+    spec = parse_spec({
+        "models": [{"name": "minilm", "kind": "text", "source": "package:all-minilm-l6-v2", "num_cpus_per_replica": 0.5,
+                    "slo_ms": 5, "policies": {"polymorphing": {"name": "arlo", "params": params}}}],
+        "controller": {"period_s": 2, "stats_report_period_s": 0.5},
+    })
+    apply_config([application_config(spec)], {"host": "127.0.0.1", "port": port})
+    statuses: Counter = Counter()
+    scaled: list = []
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not scaled:
+        for _ in range(5):
+            statuses[embed(app, LONG_TEXT).status_code] += 1
+        history = app["controller"].history.remote().result(timeout_s=TIMEOUT_S)
+        scaled = [d for d in history if d.get("duty") == "autoscaling" and d["outcome"] == "applied"]
+    assert set(statuses) == {200}, statuses  # late answers are still answers
+    assert scaled and scaled[0]["scaling"]["action"] == "scale_out" and scaled[0]["scaling"]["p98_s"] >= 0.95 * 0.005
+    (override,) = [o for o in deployed_overrides("plexserve") if o["name"] == "model-minilm"]
+    assert override["num_replicas"] == 2
+    assert {int(k): v for k, v in override["user_config"]["assignment"].items()} == {0: LONG, 1: LONG}
+    running = 0
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and running < 2:
+        time.sleep(1)
+        running = serve.status().applications["plexserve"].deployments["model-minilm"].replica_states.get("RUNNING", 0)
+    assert running == 2
