@@ -12,11 +12,14 @@ half time. Steps, side by side in one run:
 4. **Controller run**: the placement reset, the controller on (period `--period-s`); the same trace replayed.
 5. **Simulate** both runs on the same requests with the measured profiles: the static run on its placement, the
    controller run piecewise on the placements in force (switching when each re-placement finished).
-6. **Load past saturation**: a burst at several times the capacity; accepted, rejected (503) and failed counts.
+6. **Re-placement under steady load**: Poisson traffic to minilm-a (alone on its group) and minilm-b while an
+   operator re-placement loads minilm-c beside minilm-b; the p99 latency of minilm-a, whose group does not change,
+   during the rollout against the same span just before it (issue target: within 20%).
+7. **Load past saturation**: a burst at several times the capacity; accepted, rejected (503) and failed counts.
 
 Final JSON line: attainment_real and attainment_sim (controller run), abs_gap, static_attainment_real and
 static_attainment_sim, controller_gain_real (controller run minus static run, second half), failed_accepted,
-and the re-placements with their times. A PNG timeline (rate per model, attainment per window, re-placements)
+unchanged_p99_ratio (step 6), and the re-placements with their times. A PNG timeline (rate per model, attainment per window, re-placements)
 goes to benchmarks/out/fidelity.png.
 
     python benchmarks/fidelity.py --quick
@@ -29,6 +32,7 @@ import os
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -70,6 +74,13 @@ SATURATION_FACTOR = 4.0
 SATURATION_S = 8.0
 #: Width of the attainment windows in the timeline, seconds.
 TIMELINE_BIN_S = 5.0
+#: Steady re-placement phase: offered rate as a share of capacity (split over minilm-a and minilm-b), seconds of
+#: traffic before the rollout and after it.
+STEADY_LOAD_FACTOR = 0.4
+STEADY_BEFORE_S = 25.0
+STEADY_AFTER_S = 3.0
+#: Shortest span before the rollout that the p99 baseline covers, seconds.
+STEADY_MIN_BASELINE_S = 10.0
 
 log = setup_logging("fidelity")
 
@@ -274,6 +285,60 @@ async def saturate(handle, capacity_per_s: float) -> dict[str, int]:
     return counts
 
 
+async def steady_replacement(handle, controller, capacity_per_s: float, seed: int) -> dict:
+    """Step 6: p99 latency of a model whose group does not change, before and during a re-placement that loads a
+    model into the other group, under steady Poisson load; with the requests that failed after being accepted."""
+    from ray.serve.exceptions import BackPressureError
+
+    before = {"groups": [one_device_group(["minilm-a"]), one_device_group(["minilm-b"])]}
+    after = {"groups": [one_device_group(["minilm-a"]), one_device_group(["minilm-b", "minilm-c"])]}
+    await controller.apply_placement.remote(before, "benchmark steady phase")
+    rng = np.random.default_rng(seed)
+    records: list[tuple[str, float, float | None, str]] = []  # model, sent (perf_counter), latency, outcome
+    stop = asyncio.Event()
+
+    async def one(model: str) -> None:
+        sent = time.perf_counter()
+        try:
+            await handle.embed.remote(model, [TEXT])
+            records.append((model, sent, time.perf_counter() - sent, "ok"))
+        except BackPressureError:
+            records.append((model, sent, None, "rejected:back_pressure"))
+        except Exception as error:  # noqa: BLE001 - sorted into rejected (503, with the reason) and failed
+            rejected = getattr(error, "status_code", None) == 503
+            records.append((model, sent, None, f"rejected:{getattr(error, 'error_type', '?')}" if rejected else "failed"))
+
+    async def traffic() -> None:
+        rate, tasks = STEADY_LOAD_FACTOR * capacity_per_s, []
+        while not stop.is_set():
+            tasks.append(asyncio.ensure_future(one("minilm-a" if rng.random() < 0.5 else "minilm-b")))
+            await asyncio.sleep(rng.exponential(1.0 / rate))
+        await asyncio.gather(*tasks)
+
+    sender = asyncio.ensure_future(traffic())
+    await asyncio.sleep(STEADY_BEFORE_S)
+    started = time.perf_counter()
+    decision = await controller.apply_placement.remote(after, "benchmark steady phase")
+    ended = time.perf_counter()
+    await asyncio.sleep(STEADY_AFTER_S)
+    stop.set()
+    await sender
+    rollout_s = ended - started
+    baseline_from = started - max(rollout_s, STEADY_MIN_BASELINE_S)
+
+    def p99(t0: float, t1: float) -> float:
+        latencies = [lat for m, sent, lat, out in records if m == "minilm-a" and out == "ok" and t0 <= sent < t1]
+        return float(np.percentile(latencies, 99)) if latencies else float("nan")
+
+    before_p99, during_p99 = p99(baseline_from, started), p99(started, ended)
+    outcomes = {k: sum(1 for r in records if r[3].split(":")[0] == k) for k in ("ok", "rejected", "failed")}
+    by_model = {m: dict(Counter(r[3] for r in records if r[0] == m)) for m in ("minilm-a", "minilm-b")}
+    log.info("steady re-placement (%s, %.1f s): minilm-a p99 %.0f ms before, %.0f ms during; %s", decision["outcome"],
+             rollout_s, 1e3 * before_p99, 1e3 * during_p99, outcomes)
+    return {"rollout_s": rollout_s, "unchanged_p99_before_ms": 1e3 * before_p99, "unchanged_p99_during_ms": 1e3 * during_p99,
+            "unchanged_p99_ratio": during_p99 / before_p99, **outcomes, "outcomes_by_model": by_model}
+
+
 def free_port() -> int:
     import socket
 
@@ -294,7 +359,7 @@ async def run(args) -> dict:
     duration_s = args.duration_s or (120.0 if args.quick else 300.0)
     period_s = args.period_s or (10.0 if args.quick else 20.0)
 
-    log.info("1/6 profiling: every model on both devices")
+    log.info("1/7 profiling: every model on both devices")
     everywhere = {"groups": [one_device_group(MODELS), one_device_group(MODELS)]}
     deploy(spec_dict(everywhere, None, slo_ms=10_000, period_s=period_s, memory_bytes=16 * 1024**3), http_options)
     handle = serve.get_app_handle("plexserve")
@@ -316,7 +381,7 @@ async def run(args) -> dict:
     log.info("SLO %.0f ms, capacity %.0f/s, trace %.0f requests/s over %.0f s (%d requests)", 1e3 * slo_s, capacity,
              total_rate, duration_s, len(trace))
 
-    log.info("2/6 deploying the placement planned for the first half, controller on")
+    log.info("2/7 deploying the placement planned for the first half, controller on")
     first_half = trace.window(0.0, duration_s / 2)
     initial = plan(MODELS, profiles, first_half, NUM_DEVICES, memory_bytes, PlannerConfig(max_group_devices=1)).normalize()
     log.info("%s", initial.describe())
@@ -328,10 +393,10 @@ async def run(args) -> dict:
     for model in MODELS:
         await handle.embed.remote(model, [TEXT])
 
-    log.info("3/6 static run (controller paused)")
+    log.info("3/7 static run (controller paused)")
     static = await replay(handle, trace, slo_s)
 
-    log.info("4/6 controller run (period %.0f s)", period_s)
+    log.info("4/7 controller run (period %.0f s)", period_s)
     await controller.apply_placement.remote(initial_groups, "benchmark reset")
     first_id = len(await controller.history.remote())
     await controller.pause.remote(False)
@@ -348,18 +413,21 @@ async def run(args) -> dict:
         changes.append(at)
         log.info("re-placement applied at t=%.1f s (%.1f s to roll out): %s", at, d["duration_s"], d["placement"])
 
-    log.info("5/6 simulating both runs")
+    log.info("5/7 simulating both runs")
     static_sim = simulate_piecewise([(-np.inf, initial)], profiles, trace, overhead_s)
     dynamic_sim = simulate_piecewise(timeline, profiles, trace, overhead_s)
 
-    log.info("6/6 load past saturation")
+    log.info("6/7 re-placement under steady load")
+    steady = await steady_replacement(handle, controller, capacity, seed=args.seed)
+
+    log.info("7/7 load past saturation")
     await controller.apply_placement.remote(initial_groups, "benchmark reset")
     burst = await saturate(handle, capacity)
 
     second = trace.arrival_s >= duration_s / 2
     plot(out_dir() / "fidelity.png", trace, {"controller (real)": dynamic["met"], "controller (sim)": dynamic_sim,
                                             "static (real)": static["met"], "static (sim)": static_sim}, changes, duration_s)
-    failed_accepted = int((static["outcome"] == 2).sum() + (dynamic["outcome"] == 2).sum() + burst["failed"])
+    failed_accepted = int((static["outcome"] == 2).sum() + (dynamic["outcome"] == 2).sum() + burst["failed"] + steady["failed"])
     figures = {
         "attainment_real": float(dynamic["met"].mean()), "attainment_sim": float(dynamic_sim.mean()),
         "abs_gap": abs(float(dynamic["met"].mean()) - float(dynamic_sim.mean())),
@@ -372,6 +440,7 @@ async def run(args) -> dict:
                          for t, d in zip(changes, applied)],
         "rejected_during_replay": int((static["outcome"] == 1).sum() + (dynamic["outcome"] == 1).sum()),
         "failed_accepted": failed_accepted, "saturation": burst,
+        "unchanged_p99_ratio": steady["unchanged_p99_ratio"], "steady_replacement": steady,
         "slo_ms": 1e3 * slo_s, "service_ms": {m: 1e3 * s for m, s in service_s.items()}, "lone_service_ms": {m: 1e3 * s for m, s in lone_s.items()},
         "throughput_per_s": throughput, "ingress_overhead_ms": 1e3 * overhead_s,
         "requests": len(trace), "duration_s": duration_s, "machine": machine_description(),

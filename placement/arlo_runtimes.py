@@ -61,6 +61,18 @@ def choose_runtime_lengths(lengths_tokens: Sequence[int], latencies_s: Sequence[
         tolerance *= 2.0
 
 
+def ideal_runtime_length(max_lengths_tokens: Sequence[int], length_tokens: int) -> int:
+    """The request's ideal runtime (Arlo §3.4, Alg. 1 lines 18-19): the shortest max length that takes
+    `length_tokens`; ValueError naming the longest runtime when none does."""
+    lengths = sorted(max_lengths_tokens)
+    if not lengths:
+        raise ValueError("no runtime max lengths given")
+    index = bisect.bisect_left(lengths, length_tokens)
+    if index == len(lengths):
+        raise ValueError(f"request of {length_tokens} tokens exceeds the longest runtime ({lengths[-1]} tokens)")
+    return lengths[index]
+
+
 class RuntimeProfile(BaseModel):
     """One static-shape runtime: max length, latency by batch size, and what the SLO allows it to take."""
 
@@ -145,10 +157,7 @@ class RuntimeProfileSet(BaseModel):
 
     def ideal_index(self, length_tokens: int) -> int:
         """Index of the shortest runtime that accepts `length_tokens` (the request's ideal runtime)."""
-        index = bisect.bisect_left(self.max_lengths, length_tokens)
-        if index == len(self.runtimes):
-            raise ValueError(f"request of {length_tokens} tokens exceeds the longest runtime ({self.max_lengths[-1]} tokens)")
-        return index
+        return self.max_lengths.index(ideal_runtime_length(self.max_lengths, length_tokens))
 
     def requests_per_bin(self, lengths_tokens: Sequence[int], window_s: float) -> list[float]:
         """Arlo's Q_i: mean requests per SLO period whose ideal runtime is i, from lengths seen over `window_s`."""

@@ -115,7 +115,7 @@ class ReplanPolicy:
         fits, rates, cvs = self.fit(traffic)
         workload = self.workload(traffic, rates, cvs)
         names = traffic.model_names
-        keep = simulate(current, self.profiles, workload, self.planner.simulator).slo_attainment() if len(workload) else 1.0
+        keep = self._attainment(current, workload) if len(workload) else 1.0
         candidates = [Candidate(name="keep", placement=current, predicted_attainment=keep)]
         if len(workload):
             groups = [(g.num_devices, g.config) for g in current.groups]
@@ -127,14 +127,19 @@ class ReplanPolicy:
                 if left_out:
                     logger.warning("replan: %s leaves %s without a group; not a candidate", name, left_out)
                     continue
-                candidates.append(Candidate(name=name, placement=complete.normalize(),
-                                            predicted_attainment=placement.predicted_slo_attainment or 0.0))
+                # Judged as deployed: with the models place_unplaced added (Alg. 1's own figure counts them as
+                # unserved), on the same simulator and workload as keep.
+                complete = complete.normalize()
+                candidates.append(Candidate(name=name, placement=complete, predicted_attainment=self._attainment(complete, workload)))
         chosen, reason = self._choose(candidates)
         gain = next(c for c in candidates if c.name == chosen).predicted_attainment - keep
         decision = ReplanDecision(traffic=fits, candidates=candidates, chosen=chosen, predicted_gain=gain, reason=reason,
                                   planning_s=time.perf_counter() - started)
         logger.info("replan: %s (%s)", chosen, reason)
         return decision
+
+    def _attainment(self, placement: Placement, workload) -> float:
+        return simulate(placement, self.profiles, workload, self.planner.simulator).slo_attainment()
 
     def _choose(self, candidates: Sequence[Candidate]) -> tuple[CandidateName, str]:
         by_name = {c.name: c for c in candidates}

@@ -25,7 +25,7 @@ from rayserve_apps.group_deployment import GroupReplica, group_bundles
 from rayserve_apps.ingress import Ingress
 from rayserve_apps.model_router import ModelAwareRouter
 from models.text_encoder import load_text_tokenizer
-from rayserve_apps.polymorph_runtime_deployment import bind_polymorph_model
+from rayserve_apps.polymorph_runtime_deployment import bind_polymorph_model, polymorphing_params
 from rayserve_apps.text_deployment import TextModelDeployment, batching_scheduler_for
 from rayserve_apps.vision_deployment import VisionModelDeployment
 
@@ -74,7 +74,19 @@ def group_user_config(spec: DeploymentSpec, group: GroupPlacement | None, versio
     if group is None:
         return {"num_devices": 0, "config": None, "models": [], "placement_version": version}
     return {"num_devices": group.num_devices, "config": group.config.model_dump(),
-            "models": [spec.model(name).model_dump(mode="json") for name in group.models], "placement_version": version}
+            "models": [spec.model(name).model_dump(mode="json") for name in group.models],
+            "runtime_lengths_tokens": grouped_runtime_lengths(spec, group.models), "placement_version": version}
+
+
+def grouped_runtime_lengths(spec: DeploymentSpec, models: list[str]) -> dict[str, list[int]]:
+    """Arlo runtime max lengths of the polymorphing models among `models`: in a group their packed rows take the
+    shortest of these that fits (`GroupReplica.embed_token_ids`)."""
+    lengths = {}
+    for name in models:
+        params = polymorphing_params(spec, name)
+        if params is not None:
+            lengths[name] = sorted(params.capacities)
+    return lengths
 
 
 def ingress_user_config(layout: SlotLayout, routes: list[list[str]], version: int) -> dict[str, Any]:
@@ -119,11 +131,8 @@ def _bind_model(spec: DeploymentSpec, model: ModelSpec) -> Application:
     """The single-model deployment of `model`: Arlo's polymorphing runtimes if its spec asks for them, else the
     ConcatBatching text replica or the vision replica."""
     name = model_deployment_name(model.name)
-    polymorphing = spec.policy("polymorphing", model.name)
-    if polymorphing is not None:
-        if model.kind != "text" or polymorphing.name != "arlo":
-            raise ValueError(f"models.{model.name}.policies.polymorphing: only 'arlo' for text models is available")
-        return bind_polymorph_model(model, polymorphing.params, name)
+    if polymorphing_params(spec, model.name) is not None:
+        return bind_polymorph_model(model, spec.policy("polymorphing", model.name).params, name)  # type: ignore[union-attr]
     options = dict(name=name, num_replicas=model.num_replicas, max_queued_requests=model.max_queued_requests,
                    ray_actor_options={"num_cpus": model.num_cpus_per_replica})
     if model.kind == "text":

@@ -15,6 +15,14 @@ Text models run on the ConcatBatching path (TCB §4.1): the texts of a request a
 the model's input limit, with per-request positions and a block-diagonal attention mask; the group's stages run
 the encoder body and the replica pools each request's tokens. Vision models run their whole layer view.
 
+A polymorphing text model (`policies.polymorphing: {name: arlo}`) placed in a group composes Arlo with the group
+instead of getting runtime replicas of its own: the group replica is one instance that holds every runtime of the
+model (its stages share the weights, so a runtime is only a shape), and a request's packed rows take the width of
+its ideal runtime (Arlo §3.4, Alg. 1 lines 18-19: the shortest max length that fits its longest text), untrimmed.
+The stages therefore only ever see the few static row widths that Arlo's staircase chose, the shapes a compiled
+stage would be built for; texts longer than the longest runtime are refused. Arlo's instance allocation and
+multi-level queue do not apply inside a group: AlpaServe's placement decides the group's instances.
+
 The hosted models are the replica's `user_config`; `reconfigure()` loads new models first, then stops routing
 to the dropped ones, drains their in-flight requests and frees them, all without restarting the replica.
 """
@@ -25,6 +33,7 @@ import asyncio
 import logging
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +50,7 @@ from ops.packing import pack_requests, pooled_embeddings
 from parallel.group_runtime import GroupFailedError, ModelParallelGroup
 from parallel.plan import ParallelPlan
 from parallel.stage_layers import ModelSource
+from placement.arlo_runtimes import ideal_runtime_length
 from placement.profiles import ParallelConfig
 from placement.spec import ModelSpec
 from rayserve_apps import metrics
@@ -82,6 +92,10 @@ class HostedModel:
     runtime: ModelParallelGroup
     tokenizer: TextTokenizer | None
     in_flight: int = 0
+    #: Arlo runtime max lengths of a polymorphing text model (empty: rows are trimmed to the longest used row).
+    runtime_lengths_tokens: tuple[int, ...] = ()
+    #: Forward passes by row width in tokens (how often each runtime shape ran).
+    passes_by_width: Counter = field(default_factory=Counter)
     #: Cleared while the model's stage actors are being rebuilt after a failure; requests wait for it.
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     rebuilds: int = 0
@@ -153,6 +167,9 @@ class GroupReplica:
                            await asyncio.gather(*(asyncio.to_thread(self._start_model, spec) for spec in to_start))))
         dropped = [self.models[name] for name in self.models if name not in wanted or name in started]
         self.models = {**{n: m for n, m in self.models.items() if n in wanted and n not in started}, **started}
+        runtime_lengths = user_config.get("runtime_lengths_tokens", {})
+        for name, hosted in self.models.items():
+            hosted.runtime_lengths_tokens = tuple(sorted(runtime_lengths.get(name, ())))
         for hosted in dropped:
             deadline = time.monotonic() + DRAIN_TIMEOUT_S
             while hosted.in_flight > 0 and time.monotonic() < deadline:
@@ -206,8 +223,15 @@ class GroupReplica:
         if hosted.tokenizer is None:
             raise ValueError(f"model {model!r} is not a text model")
         limit = min(hosted.spec.max_input_length_tokens or hosted.tokenizer.max_length, hosted.tokenizer.max_length)
+        if hosted.runtime_lengths_tokens:
+            limit = min(limit, hosted.runtime_lengths_tokens[-1])
         hosted.tokenizer.check_token_ids(token_ids, limit)
-        batch = pack_requests(token_ids, row_length_tokens=limit, pad_token_id=hosted.tokenizer.pad_token_id)
+        if hosted.runtime_lengths_tokens:  # Arlo: the ideal runtime's fixed width
+            width = ideal_runtime_length(hosted.runtime_lengths_tokens, max(len(ids) for ids in token_ids))
+            batch = pack_requests(token_ids, row_length_tokens=width, pad_token_id=hosted.tokenizer.pad_token_id, trim=False)
+        else:
+            batch = pack_requests(token_ids, row_length_tokens=limit, pad_token_id=hosted.tokenizer.pad_token_id)
+        hosted.passes_by_width[int(batch.input_ids.shape[1])] += 1
         state = ActivationState(
             hidden=batch.input_ids, attention_mask=batch.attention_mask,
             attention_bias=block_diagonal_mask(batch.segment_ids, "additive", torch.float32),
@@ -250,6 +274,8 @@ class GroupReplica:
             "placement_version": self.placement_version, "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
             "started_at_s": self.started_at_s, "queue_length": self.queue_length(), "stage_actor_pids": stage_pids,
             "rebuilds": {name: hosted.rebuilds for name, hosted in self.models.items()},
+            "runtime_lengths_tokens": {name: list(h.runtime_lengths_tokens) for name, h in self.models.items() if h.runtime_lengths_tokens},
+            "passes_by_width_tokens": {name: dict(h.passes_by_width) for name, h in self.models.items() if h.tokenizer is not None},
         }
 
     def check_health(self) -> None:

@@ -31,7 +31,7 @@ from placement.traffic_window import RequestRecord
 from placement.spec import DeploymentSpec, ModelSpec, parse_spec
 from rayserve_apps import metrics
 from rayserve_apps.backends import Backend, GroupBackend, ModelDeploymentBackend, ModelRouterBackend
-from rayserve_apps.polymorph_runtime_deployment import PolymorphingPolicyParams
+from rayserve_apps.polymorph_runtime_deployment import polymorphing_params
 from rayserve_apps.traffic_reporter import TrafficReporter
 from rayserve_apps.requests import (
     QUERY_OPTION_FIELDS,
@@ -89,11 +89,11 @@ class Ingress:
 
     def _text_limit(self, model: str, tokenizer: TextTokenizer) -> int:
         """Most tokens a text of `model` may have: the spec's limit, the tokenizer's, and for a polymorphing model
-        with its own deployment the longest static runtime (Arlo: no runtime takes a longer input)."""
+        (in a deployment of its own or in a group) the longest runtime (Arlo: no runtime takes a longer input)."""
         limit = min(self.spec.model(model).max_input_length_tokens or tokenizer.max_length, tokenizer.max_length)
-        if model in self.spec.polymorphing_models():
-            params = self.spec.policy("polymorphing", model).params  # type: ignore[union-attr]
-            limit = min(limit, max(PolymorphingPolicyParams.model_validate(params).capacities))
+        params = polymorphing_params(self.spec, model)
+        if params is not None:
+            limit = min(limit, max(params.capacities))
         return limit
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:

@@ -35,7 +35,7 @@ from ops.static_runtime import DynamicRuntime, PackedStaticRuntime, StaticRuntim
 from placement.autoscaling import AutoscalingParams
 from placement.replacement import rank_assignment
 from placement.runtime_allocation import ARLO_ALLOCATION_PERIOD_S
-from placement.spec import ModelSpec
+from placement.spec import DeploymentSpec, ModelSpec
 from rayserve_apps._threads import set_torch_threads_for
 
 logger = logging.getLogger("ray.serve")
@@ -280,6 +280,19 @@ class PolymorphingPolicyParams(BaseModel):
         if "slo_ms" in self.autoscaling:
             raise ValueError("polymorphing.params.autoscaling.slo_ms: the SLO is the model's own slo_ms")
         return AutoscalingParams.model_validate({**self.autoscaling, "slo_ms": slo_ms})
+
+
+def polymorphing_params(spec: DeploymentSpec, model: str) -> PolymorphingPolicyParams | None:
+    """The validated Arlo params of `model` (its own policy or the spec-wide one), or None when it has none;
+    ValueError naming the field for a policy plexserve cannot run."""
+    policy = spec.policy("polymorphing", model)
+    if policy is None:
+        return None
+    if spec.model(model).kind != "text" or policy.name != "arlo":
+        raise ValueError(f"models.{model}.policies.polymorphing: only 'arlo' for text models is available")
+    params = PolymorphingPolicyParams.model_validate(policy.params)
+    params.autoscaling_params(spec.model(model).slo_ms)  # a bad autoscaling field fails here, before deploying
+    return params
 
 
 def bind_polymorph_model(model: ModelSpec, params: dict, deployment_name: str, assignment: dict[int, int] | None = None,

@@ -124,3 +124,11 @@ def test_alg1_matches_reference_on_random_states():
         if expected is None:
             expected = (candidates[0], heads[candidates[0]][1])
         assert queue.dispatch(length) == expected
+
+
+def test_ideal_runtime_is_the_shortest_that_fits_and_names_the_longest_when_none_does():
+    from placement.arlo_runtimes import ideal_runtime_length
+
+    assert [ideal_runtime_length([64, 16, 128], n) for n in (1, 16, 17, 64, 65, 128)] == [16, 16, 64, 64, 128, 128]
+    with pytest.raises(ValueError, match="longest runtime \\(128 tokens\\)"):
+        ideal_runtime_length([16, 128], 129)

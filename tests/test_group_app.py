@@ -1,10 +1,11 @@
 """Model-parallel group replicas end to end on a local Ray with logical devices.
 
-Two device groups: a 2-stage group hosting MiniLM and a tiny ViT (random weights saved to a local checkpoint,
-a code-path stand-in), and a 1-device group hosting a strict-SLO copy of the ViT. The app is deployed as
-`serve deploy` does it (declarative config). Requests are routed by model, outputs equal the single-process
-models, a request that cannot meet its SLO gets 503, hosted models change through reconfigure() without a
-replica restart, and the custom metrics reach Ray's Prometheus endpoint.
+Two device groups: a 2-stage group hosting MiniLM (polymorphing: Arlo runtimes of 16 and 64 tokens) and a tiny
+ViT (random weights saved to a local checkpoint, a code-path stand-in), and a 1-device group hosting a strict-SLO
+copy of the ViT. The app is deployed as `serve deploy` does it (declarative config). Requests are routed by model,
+outputs equal the single-process models, MiniLM's packed rows take its ideal runtime's width, a request that
+cannot meet its SLO gets 503, hosted models change through reconfigure() without a replica restart, and the custom
+metrics reach Ray's Prometheus endpoint.
 """
 
 import time
@@ -27,6 +28,10 @@ TINY_VIT = dict(patch_size=4, depth=2, embed_dim=32, num_heads=2)
 VIT = dict(kind="vision", source="timm:vit_tiny_patch16_224", num_classes=4, image_size_px=16, timm_kwargs=TINY_VIT,
            num_cpus_per_replica=0.25)
 TEXTS = ["model-parallel groups share devices", "a short one"]
+#: MiniLM's Arlo runtimes in the group: max length in tokens -> capacity within the SLO (set by hand).
+RUNTIMES = {16: 40, 64: 20}
+#: About 40 tokens: only the 64-token runtime takes it.
+LONG_TEXT = " ".join(["serving transformer models on shared devices"] * 6)
 #: Seconds to wait for metrics to reach the Prometheus endpoint (the agent exports every few seconds).
 METRICS_WAIT_S = 60
 
@@ -59,7 +64,8 @@ def make_spec(checkpoint: str, groups: list[list[str]]):
     spec = {
         "cluster": {"num_devices": 3, "device_resource": TEST_DEVICE_RESOURCE},
         "models": [
-            {"name": "minilm", "kind": "text", "source": "package:all-minilm-l6-v2", "num_cpus_per_replica": 0.25},
+            {"name": "minilm", "kind": "text", "source": "package:all-minilm-l6-v2", "num_cpus_per_replica": 0.25,
+             "policies": {"polymorphing": {"name": "arlo", "params": {"capacities": RUNTIMES}}}},
             {"name": "vit", "checkpoint_path": checkpoint, **VIT},
             {"name": "vit-strict", "checkpoint_path": checkpoint, "slo_ms": 0.01, **VIT},
         ],
@@ -101,6 +107,22 @@ def test_text_through_two_stage_group_equals_single_process(app):
         served = torch.tensor(response.json()["embeddings"])
         for text, embedding in zip(TEXTS, served):
             assert F.cosine_similarity(embedding, direct.embed([text])[0], dim=0) >= 0.9999
+
+
+def test_polymorphing_text_in_a_group_runs_at_its_ideal_runtime_width(app):
+    direct = load_text_encoder()
+    url = f"{app['url']}/v1/models/minilm/embed"
+    response = requests.post(url, json={"texts": [LONG_TEXT]}, timeout=60)
+    assert response.status_code == 200, response.text
+    embedding = torch.tensor(response.json()["embeddings"][0])
+    assert F.cosine_similarity(embedding, direct.embed([LONG_TEXT])[0], dim=0) >= 0.9999
+    group0 = next(g for g in requests.get(f"{app['url']}/v1/placement", timeout=60).json()["groups"] if g["group"] == "group-0")
+    assert group0["runtime_lengths_tokens"] == {"minilm": sorted(RUNTIMES)}
+    # The short texts of the test before ran at width 16 (untrimmed), the long one at 64; no other shape ran.
+    widths = {int(w): n for w, n in group0["passes_by_width_tokens"]["minilm"].items()}
+    assert set(widths) == {16, 64} and widths[64] == 1, widths
+    too_long = requests.post(url, json={"texts": [LONG_TEXT * 3]}, timeout=60)  # ~120 tokens: past the 64 runtime
+    assert too_long.status_code == 413 and "at most 64 tokens" in too_long.json()["error"]["message"]
 
 
 def test_vision_routed_to_its_group_and_exact(app):

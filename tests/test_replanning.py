@@ -47,6 +47,24 @@ def test_a_model_outgrowing_its_group_is_rehosted_on_the_running_groups():
     assert decision.traffic["a"].rate_per_s == pytest.approx(25.0, rel=0.25)
 
 
+def test_candidates_are_judged_as_deployed_with_the_models_alg1_left_out():
+    from placement.simulator import simulate
+
+    replan = policy()
+    # Only a has traffic: Alg. 1 leaves b and c out and the candidates host them. With traffic everywhere, Alg. 1's
+    # own figure (its group order, its run) differs from a simulation of the placement deployed.
+    for rates in ({"a": 25.0}, {"a": 25.0, "b": 6.0, "c": 4.0}):
+        observed = traffic(rates)
+        decision = replan.decide(one_per_device(), observed)
+        _, fitted_rates, cvs = replan.fit(observed)
+        workload = replan.workload(observed, fitted_rates, cvs)
+        assert len(decision.candidates) == 3
+        for candidate in decision.candidates:
+            assert candidate.placement.models() == set(MODELS)
+            simulated = simulate(candidate.placement, replan.profiles, workload, replan.planner.simulator).slo_attainment()
+            assert candidate.predicted_attainment == pytest.approx(simulated, abs=1e-12), (rates, candidate.name)
+
+
 def test_balanced_traffic_the_placement_serves_is_kept():
     decision = policy().decide(one_per_device(), traffic({"a": 2.0, "b": 2.0, "c": 2.0}))
     assert decision.chosen == "keep" and "below min_gain" in decision.reason
