@@ -398,6 +398,8 @@ async def run(args) -> dict:
 
     log.info("4/7 controller run (period %.0f s)", period_s)
     await controller.apply_placement.remote(initial_groups, "benchmark reset")
+    # The controller's window still holds the static run's last period (its c-heavy end): let it age out first.
+    await asyncio.sleep(period_s)
     first_id = len(await controller.history.remote())
     await controller.pause.remote(False)
     dynamic = await replay(handle, trace, slo_s)

@@ -225,6 +225,8 @@ class GroupReplica:
         limit = min(hosted.spec.max_input_length_tokens or hosted.tokenizer.max_length, hosted.tokenizer.max_length)
         if hosted.runtime_lengths_tokens:
             limit = min(limit, hosted.runtime_lengths_tokens[-1])
+        if not token_ids:
+            raise ValueError("token_ids must hold at least one sequence")
         hosted.tokenizer.check_token_ids(token_ids, limit)
         if hosted.runtime_lengths_tokens:  # Arlo: the ideal runtime's fixed width
             width = ideal_runtime_length(hosted.runtime_lengths_tokens, max(len(ids) for ids in token_ids))

@@ -123,6 +123,11 @@ def test_polymorphing_text_in_a_group_runs_at_its_ideal_runtime_width(app):
     assert set(widths) == {16, 64} and widths[64] == 1, widths
     too_long = requests.post(url, json={"texts": [LONG_TEXT * 3]}, timeout=60)  # ~120 tokens: past the 64 runtime
     assert too_long.status_code == 413 and "at most 64 tokens" in too_long.json()["error"]["message"]
+    group = serve.get_deployment_handle("group-0", app_name="plexserve")  # the replica checks on its own too
+    with pytest.raises(Exception, match="the limit is 64"):
+        group.embed_token_ids.remote("minilm", [[101] + [2000] * 70 + [102]]).result(timeout_s=60)
+    with pytest.raises(Exception, match="at least one sequence"):
+        group.embed_token_ids.remote("minilm", []).result(timeout_s=60)
 
 
 def test_vision_routed_to_its_group_and_exact(app):
