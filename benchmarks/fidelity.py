@@ -19,8 +19,8 @@ half time. Steps, side by side in one run:
 
 Final JSON line: attainment_real and attainment_sim (controller run), abs_gap, static_attainment_real and
 static_attainment_sim, controller_gain_real (controller run minus static run, second half), failed_accepted,
-unchanged_p99_ratio (step 6), and the re-placements with their times. A PNG timeline (rate per model, attainment per window, re-placements)
-goes to benchmarks/out/fidelity.png.
+unchanged_p99_ratio (step 6), and the re-placements with their times. A PNG timeline (rate per model,
+attainment per window, re-placements) goes to benchmarks/out/fidelity.png.
 
     python benchmarks/fidelity.py --quick
 """
