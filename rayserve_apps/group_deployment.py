@@ -222,17 +222,16 @@ class GroupReplica:
         hosted = self._hosted(model)
         if hosted.tokenizer is None:
             raise ValueError(f"model {model!r} is not a text model")
+        polymorphing = bool(hosted.runtime_lengths_tokens)
         limit = min(hosted.spec.max_input_length_tokens or hosted.tokenizer.max_length, hosted.tokenizer.max_length)
-        if hosted.runtime_lengths_tokens:
+        if polymorphing:
             limit = min(limit, hosted.runtime_lengths_tokens[-1])
         if not token_ids:
             raise ValueError("token_ids must hold at least one sequence")
         hosted.tokenizer.check_token_ids(token_ids, limit)
-        if hosted.runtime_lengths_tokens:  # Arlo: the ideal runtime's fixed width
-            width = ideal_runtime_length(hosted.runtime_lengths_tokens, max(len(ids) for ids in token_ids))
-            batch = pack_requests(token_ids, row_length_tokens=width, pad_token_id=hosted.tokenizer.pad_token_id, trim=False)
-        else:
-            batch = pack_requests(token_ids, row_length_tokens=limit, pad_token_id=hosted.tokenizer.pad_token_id)
+        # Arlo: rows of the ideal runtime's fixed width; otherwise rows up to the limit, trimmed to the longest used.
+        width = ideal_runtime_length(hosted.runtime_lengths_tokens, max(len(ids) for ids in token_ids)) if polymorphing else limit
+        batch = pack_requests(token_ids, row_length_tokens=width, pad_token_id=hosted.tokenizer.pad_token_id, trim=not polymorphing)
         hosted.passes_by_width[int(batch.input_ids.shape[1])] += 1
         state = ActivationState(
             hidden=batch.input_ids, attention_mask=batch.attention_mask,

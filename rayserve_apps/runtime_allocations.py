@@ -30,7 +30,7 @@ from placement.autoscaling import TargetTrackingAutoscaler
 from placement.spec import DeploymentSpec
 from placement.traffic_window import RequestRecord
 from rayserve_apps.app import model_deployment_name
-from rayserve_apps.polymorph_runtime_deployment import PolymorphingPolicyParams, PolymorphUserConfig, allocation_update
+from rayserve_apps.polymorph_runtime_deployment import PolymorphUserConfig, allocation_update, polymorphing_params
 
 
 #: Latencies kept per model between two autoscaling checks (older ones are dropped first).
@@ -58,8 +58,8 @@ class RuntimeAllocations:
         self.autoscalers: dict[str, TargetTrackingAutoscaler] = {}
         self._latencies_s: dict[str, deque[float]] = {}
         for name in spec.polymorphing_models():
-            params = spec.policy("polymorphing", name).params  # type: ignore[union-attr]
-            policy = PolymorphingPolicyParams.model_validate(params)
+            policy = polymorphing_params(spec, name)  # not None: polymorphing_models() names models with the policy
+            assert policy is not None
             scaling = policy.autoscaling_params(spec.model(name).slo_ms)
             if scaling is not None:
                 self.autoscalers[name] = TargetTrackingAutoscaler(scaling, max(policy.capacities))
@@ -68,7 +68,7 @@ class RuntimeAllocations:
             num_replicas, user_config = allocation_update({}, counts, version=0)  # what the app builder deploys
             self.running[name] = PolymorphUserConfig.model_validate(user_config)
             self.allocators[name] = LiveRuntimeAllocator.from_policy_params(
-                params, slo_s=spec.model(name).slo_ms / 1000.0, num_instances=num_replicas, model=name, start_s=start_s)
+                policy.model_dump(), slo_s=spec.model(name).slo_ms / 1000.0, num_instances=num_replicas, model=name, start_s=start_s)
         #: Seconds of request records the controller keeps for the allocators (their longest period).
         self.window_s = max((a.period_s for a in self.allocators.values()), default=0.0)
 
