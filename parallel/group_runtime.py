@@ -11,6 +11,7 @@ whole group.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -155,6 +156,26 @@ class ModelParallelGroup:
             except GetTimeoutError as error:  # pragma: no cover - wait() said ready
                 raise GroupFailedError(str(error)) from error
         return ray.get(pending.output)
+
+    async def infer_async(self, state: ActivationState, timeout_s: float = DEFAULT_RESULT_TIMEOUT_S) -> ActivationState:
+        """`infer` for an asyncio caller: awaits the stages' object references without blocking its event loop,
+        so several batches can be in flight in the stages at once."""
+        pending = self.submit(state)
+        names = {ref: name for name, ref in pending.calls}
+
+        async def checked(ref: ray.ObjectRef) -> None:
+            try:
+                await ref
+            except RayActorError as error:
+                raise GroupFailedError(f"{names[ref]} of model {self.source.name!r} died; rebuild the group: {error}") from error
+            except RayTaskError as error:
+                raise GroupFailedError(f"{names[ref]} of model {self.source.name!r} failed: {error}") from error
+
+        try:
+            await asyncio.wait_for(asyncio.gather(*(checked(ref) for _, ref in pending.calls)), timeout=timeout_s)
+        except asyncio.TimeoutError:
+            raise GroupFailedError(f"model-parallel group for {self.source.name!r}: no result within {timeout_s} s") from None
+        return await pending.output
 
     def infer(self, state: ActivationState) -> ActivationState:
         return self.result(self.submit(state))

@@ -26,7 +26,8 @@ from rayserve_apps.ingress import Ingress
 from rayserve_apps.model_router import ModelAwareRouter
 from models.text_encoder import load_text_tokenizer
 from rayserve_apps.polymorph_runtime_deployment import bind_polymorph_model, polymorphing_params
-from rayserve_apps.text_deployment import TextModelDeployment, batching_scheduler_for
+from rayserve_apps.engine import batching_scheduler_for
+from rayserve_apps.text_deployment import TextModelDeployment
 from rayserve_apps.vision_deployment import VisionModelDeployment
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,9 @@ CONTROLLER_DEPLOYMENT = "PlacementController"
 
 #: Logical CPUs the group replica itself (bundle 0) reserves; its stage actors run in the device bundles.
 GROUP_REPLICA_NUM_CPUS = 0.1
+#: Calls a group replica takes at once: text calls carry many requests each, vision calls one (Serve's default of 5
+#: would cap the requests its engine can batch).
+GROUP_MAX_ONGOING_REQUESTS = 256
 #: Seconds between a group replica's routing-stats reports (hosted models, queue length) to the router.
 ROUTING_STATS_PERIOD_S = 1.0
 #: Seconds Serve waits for a stopping group replica's in-flight requests (a group stopped by a re-placement).
@@ -73,8 +77,10 @@ def group_user_config(spec: DeploymentSpec, group: GroupPlacement | None, versio
     """The part of a group slot that changes in place: its parallel configuration and hosted models."""
     if group is None:
         return {"num_devices": 0, "config": None, "models": [], "placement_version": version}
+    batching = {name: policy.model_dump(mode="json") for name in group.models
+                if (policy := spec.policy("batching", name)) is not None}
     return {"num_devices": group.num_devices, "config": group.config.model_dump(),
-            "models": [spec.model(name).model_dump(mode="json") for name in group.models],
+            "models": [spec.model(name).model_dump(mode="json") for name in group.models], "batching": batching,
             "runtime_lengths_tokens": grouped_runtime_lengths(spec, group.models), "placement_version": version}
 
 
@@ -115,6 +121,7 @@ def _bind_group(spec: DeploymentSpec, index: int, group: GroupPlacement | None, 
     return GroupReplica.options(
         name=group_deployment_name(index),
         num_replicas=1,
+        max_ongoing_requests=GROUP_MAX_ONGOING_REQUESTS,
         max_queued_requests=group_max_queued_requests(spec, group),
         ray_actor_options={"num_cpus": GROUP_REPLICA_NUM_CPUS},
         placement_group_bundles=group_bundles_for(spec, group),

@@ -17,11 +17,24 @@ from placement.dispatch import make_dispatch
 from placement.rollout import SlotLayout
 from placement.spec import DeploymentSpec
 from rayserve_apps import metrics
+from rayserve_apps.forwarding import BatchForwarder
 from rayserve_apps.group_dispatch import GroupDispatcher
 from rayserve_apps.requests import RequestError
 
 #: Dispatch policy used when the spec names none.
 DEFAULT_DISPATCH = "shortest_queue"
+#: The replica method a text request goes to; it arrives there batched with the others (`embed_batch`).
+TEXT_METHOD = "embed_token_ids"
+BATCHED_TEXT_METHOD = "embed_batch"
+
+
+def _batched_sender(handle: DeploymentHandle, model: str):
+    """send(payloads, budgets_s) for a `BatchForwarder`: one `embed_batch` call to `handle`."""
+
+    async def send(payloads: list[Any], budgets_s: list[float]) -> list[Any]:
+        return await getattr(handle, BATCHED_TEXT_METHOD).remote(model, payloads, budgets_s)
+
+    return send
 
 
 class Backend(Protocol):
@@ -35,8 +48,13 @@ class ModelDeploymentBackend:
 
     def __init__(self, handles: dict[str, DeploymentHandle]):
         self.handles = handles
+        self.forwarders: dict[str, BatchForwarder] = {}
 
     async def call(self, model: str, method: str, payload: Any, deadline_s: float, options: dict[str, Any]) -> Any:
+        if method == TEXT_METHOD and not options:
+            if model not in self.forwarders:
+                self.forwarders[model] = BatchForwarder(_batched_sender(self.handles[model], model))
+            return await self.forwarders[model].forward(payload, deadline_s)
         return await getattr(self.handles[model], method).remote(payload, **options)
 
     def describe(self) -> dict[str, Any]:
@@ -55,6 +73,14 @@ class GroupBackend:
         dispatch = spec.policy("dispatch")
         policy = make_dispatch(dispatch.name, **dispatch.params) if dispatch else make_dispatch(DEFAULT_DISPATCH)
         self.dispatcher = GroupDispatcher(self.routes, policy)
+        #: (group slot, model) -> the forwarder that batches text requests to that slot.
+        self.forwarders: dict[tuple[int, str], BatchForwarder] = {}
+
+    def _forwarder(self, group: int, model: str) -> BatchForwarder:
+        key = (group, model)
+        if key not in self.forwarders:
+            self.forwarders[key] = BatchForwarder(_batched_sender(self.handles[group], model))
+        return self.forwarders[key]
 
     def set_layout(self, layout: SlotLayout, routes: list[list[str]], version: int) -> None:
         """Adopt the slots' groups and where each model may be routed (during a rollout step: what serves both
@@ -82,7 +108,10 @@ class GroupBackend:
         ahead = self.dispatcher.started(group)
         latency = None
         try:
-            result = await getattr(self.handles[group], method).remote(model, payload)
+            if method == TEXT_METHOD:
+                result = await self._forwarder(group, model).forward(payload, deadline_s)
+            else:
+                result = await getattr(self.handles[group], method).remote(model, payload)
             latency = time.monotonic() - now
             return result
         finally:

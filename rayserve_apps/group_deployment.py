@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import time
 from collections import Counter
@@ -45,15 +46,16 @@ from ray.util import get_current_placement_group
 
 from models.layers import ActivationState
 from models.text_encoder import TextTokenizer, load_text_tokenizer
-from ops.concat_attention import block_diagonal_mask
-from ops.packing import pack_requests, pooled_embeddings
+from ops.packing import PackedBatch
 from parallel.group_runtime import GroupFailedError, ModelParallelGroup
 from parallel.plan import ParallelPlan
 from parallel.stage_layers import ModelSource
-from placement.arlo_runtimes import ideal_runtime_length
 from placement.profiles import ParallelConfig
-from placement.spec import ModelSpec
+from placement.spec import ModelSpec, PolicySpec
 from rayserve_apps import metrics
+from rayserve_apps.engine import (ServingEngine, StagedTextBackend, TextBatchFormer, answer_requests,
+                                  batching_scheduler_for)
+from rayserve_apps.text_deployment import check_text_request, text_batch_metrics
 
 logger = logging.getLogger("ray.serve")
 
@@ -91,6 +93,10 @@ class HostedModel:
     spec: ModelSpec
     runtime: ModelParallelGroup
     tokenizer: TextTokenizer | None
+    #: The model's serving engine: its queue, batch former and the stage actors as backend.
+    engine: ServingEngine | None = None
+    #: Longest text in tokens (text models): the spec's, the tokenizer's, the scheduler's and Arlo's limits.
+    limit_tokens: int = 0
     in_flight: int = 0
     #: Arlo runtime max lengths of a polymorphing text model (empty: rows are trimmed to the longest used row).
     runtime_lengths_tokens: tuple[int, ...] = ()
@@ -134,10 +140,17 @@ class GroupReplica:
             bundle_indices = [1 + k for k in range(plan.num_actors)]
         runtime = ModelParallelGroup(
             source, plan, placement_group=self.placement_group, bundle_indices=bundle_indices, num_cpus_per_actor=0.0,
+            num_threads_per_actor=self._threads_per_device(),
             actor_resources={self.device_resource: 1.0 / MAX_MODELS_PER_GROUP} if self.device_resource != "CPU" else None,
         )
         logger.info("group %s: started %s (%s)", self.group_name, spec.name, self.config.key())
         return HostedModel(spec=spec, runtime=runtime, tokenizer=tokenizer)
+
+    def _threads_per_device(self) -> int:
+        """Torch threads of each stage actor: one per whole CPU of its device bundle, at least one."""
+        if self.placement_group is None or len(self.placement_group.bundle_specs) < 2:
+            return 1
+        return max(1, math.floor(self.placement_group.bundle_specs[1].get("CPU", 1.0)))
 
     def _device_bundles(self) -> int:
         """Device bundles this replica holds (bundle 0 is its own)."""
@@ -168,9 +181,15 @@ class GroupReplica:
         dropped = [self.models[name] for name in self.models if name not in wanted or name in started]
         self.models = {**{n: m for n, m in self.models.items() if n in wanted and n not in started}, **started}
         runtime_lengths = user_config.get("runtime_lengths_tokens", {})
+        batching = user_config.get("batching", {})
         for name, hosted in self.models.items():
-            hosted.runtime_lengths_tokens = tuple(sorted(runtime_lengths.get(name, ())))
+            lengths = tuple(sorted(runtime_lengths.get(name, ())))
+            if hosted.tokenizer is not None and (hosted.engine is None or lengths != hosted.runtime_lengths_tokens):
+                hosted.runtime_lengths_tokens = lengths
+                self._attach_text_engine(hosted, batching.get(name))
         for hosted in dropped:
+            if hosted.engine is not None:
+                hosted.engine.stop()
             deadline = time.monotonic() + DRAIN_TIMEOUT_S
             while hosted.in_flight > 0 and time.monotonic() < deadline:
                 await asyncio.sleep(DRAIN_POLL_S)
@@ -178,6 +197,29 @@ class GroupReplica:
             logger.info("group %s: dropped %s", self.group_name, hosted.spec.name)
         self.placement_version = int(user_config.get("placement_version", self.placement_version + 1))
         metrics.placement_version().set(self.placement_version, tags={"group": self.group_name})
+
+    def _attach_text_engine(self, hosted: HostedModel, batching_policy: dict | None) -> None:
+        """The text model's serving engine: its TCB scheduler forms the batches, the stage actors run them, with as
+        many batches in flight as the group has pipeline stages (AlpaServe §3: every stage busy)."""
+        spec, tokenizer = hosted.spec, hosted.tokenizer
+        limit = min(spec.max_input_length_tokens or tokenizer.max_length, tokenizer.max_length)
+        if hosted.runtime_lengths_tokens:
+            limit = min(limit, hosted.runtime_lengths_tokens[-1])
+        scheduler = batching_scheduler_for(spec, batching_policy, limit)
+        hosted.limit_tokens = min(limit, scheduler.max_request_tokens)
+        record = text_batch_metrics(spec.name)
+
+        def on_packed(batch: PackedBatch) -> None:
+            record(batch)
+            hosted.passes_by_width[int(batch.input_ids.shape[1])] += 1
+
+        backend = StagedTextBackend(hosted.runtime, scheduler, tokenizer.pad_token_id, hosted.runtime_lengths_tokens,
+                                    on_packed=on_packed)
+        former = TextBatchFormer(spec.name, scheduler, spec.batch_wait_timeout_ms / 1000.0, spec.slo_ms)
+        if hosted.engine is not None:
+            hosted.engine.stop()
+        hosted.engine = ServingEngine(f"{self.group_name}/{spec.name}", former, backend,
+                                      max_batches_in_flight=self.config.pipeline_stages if self.config else 1)
 
     def _hosted(self, model: str) -> HostedModel:
         hosted = self.models.get(model)
@@ -218,30 +260,35 @@ class GroupReplica:
 
     # ---- requests ----
 
-    async def embed_token_ids(self, model: str, token_ids: list[list[int]]) -> list[list[float]]:
+    async def embed_batch(self, model: str, requests: list[list[list[int]]], budgets_s: list[float]) -> list:
+        """Several requests of one text model at once (what the ingress sends): they join the model's engine queue
+        and are batched with everything else waiting; per request its embeddings (float32 rows) or its error."""
         hosted = self._hosted(model)
-        if hosted.tokenizer is None:
+        if hosted.engine is None:
             raise ValueError(f"model {model!r} is not a text model")
-        polymorphing = bool(hosted.runtime_lengths_tokens)
-        limit = min(hosted.spec.max_input_length_tokens or hosted.tokenizer.max_length, hosted.tokenizer.max_length)
-        if polymorphing:
-            limit = min(limit, hosted.runtime_lengths_tokens[-1])
-        if not token_ids:
-            raise ValueError("token_ids must hold at least one sequence")
-        hosted.tokenizer.check_token_ids(token_ids, limit)
-        # Arlo: rows of the ideal runtime's fixed width; otherwise rows up to the limit, trimmed to the longest used.
-        width = ideal_runtime_length(hosted.runtime_lengths_tokens, max(len(ids) for ids in token_ids)) if polymorphing else limit
-        batch = pack_requests(token_ids, row_length_tokens=width, pad_token_id=hosted.tokenizer.pad_token_id, trim=not polymorphing)
-        hosted.passes_by_width[int(batch.input_ids.shape[1])] += 1
-        state = ActivationState(
-            hidden=batch.input_ids, attention_mask=batch.attention_mask,
-            attention_bias=block_diagonal_mask(batch.segment_ids, "additive", torch.float32),
-            extras={"position_ids": batch.position_ids, "token_type_ids": batch.token_type_ids},
-        )
-        metrics.batch_size().observe(len(token_ids), tags={"model": model})
-        metrics.padding_fraction().observe(batch.padding_fraction, tags={"model": model})
-        hidden = (await self._run(hosted, state)).hidden
-        return pooled_embeddings(hidden, batch).tolist()
+        hosted.in_flight += len(requests)
+        self._queue_gauge.set(self.queue_length(), tags={"group": self.group_name})
+        try:
+            await hosted.ready.wait()
+            outcomes = await answer_requests(hosted.engine, requests, budgets_s,
+                                             lambda ids: check_text_request(ids, hosted.tokenizer, hosted.limit_tokens))
+        finally:
+            hosted.in_flight -= len(requests)
+            self._queue_gauge.set(self.queue_length(), tags={"group": self.group_name})
+        if any(isinstance(o, GroupFailedError) for o in outcomes):
+            # Only this model's in-flight batches fail; its stage actors are replaced in the background.
+            self._rebuild_soon(hosted)
+            outcomes = [RuntimeError(f"group {self.group_name}, model {model!r}: {o}; its stage actors are being "
+                                     "rebuilt, retry the request") if isinstance(o, GroupFailedError) else o for o in outcomes]
+        return outcomes
+
+    async def embed_token_ids(self, model: str, token_ids: list[list[int]]) -> list[list[float]]:
+        """One request's embeddings (handle callers, tests); ValueError for bad ids."""
+        hosted = self._hosted(model)
+        (outcome,) = await self.embed_batch(model, [token_ids], [hosted.spec.slo_ms / 1000.0])
+        if isinstance(outcome, Exception):
+            raise outcome
+        return [row.tolist() for row in outcome]
 
     async def classify(self, model: str, images: np.ndarray) -> list[dict]:
         hosted = self._hosted(model)
@@ -277,6 +324,7 @@ class GroupReplica:
             "rebuilds": {name: hosted.rebuilds for name, hosted in self.models.items()},
             "runtime_lengths_tokens": {name: list(h.runtime_lengths_tokens) for name, h in self.models.items() if h.runtime_lengths_tokens},
             "passes_by_width_tokens": {name: dict(h.passes_by_width) for name, h in self.models.items() if h.tokenizer is not None},
+            "engines": {name: h.engine.totals.as_dict() for name, h in self.models.items() if h.engine is not None},
         }
 
     def check_health(self) -> None:

@@ -119,8 +119,8 @@ class Ingress:
             check_token_counts([len(ids) for ids in token_ids], limit, model)
         else:
             token_ids = tokenizer.encode(texts, truncate_to=limit)
-        embeddings = await self._call(spec, "embed_token_ids", token_ids)
-        return {"model": model, "embeddings": embeddings}
+        rows = await self._call(spec, "embed_token_ids", token_ids)
+        return {"model": model, "embeddings": [row.tolist() for row in rows]}
 
     async def classify(self, model: str, images: Any, dtype: str = "float32", task: str | None = None,
                        slo_ms: float | None = None, utility: float | None = None) -> dict[str, Any]:

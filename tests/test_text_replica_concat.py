@@ -10,7 +10,7 @@ from ray import serve
 from models import load_text_encoder
 from placement.spec import ModelSpec
 from rayserve_apps import build_app
-from rayserve_apps.text_deployment import batching_scheduler_for
+from rayserve_apps.engine import batching_scheduler_for
 
 APP = "concat-test"
 TEXTS = [

@@ -1,0 +1,164 @@
+"""Text batches: TCB's schedulers choose the texts, ConcatBatching packs them, a backend runs the encoder.
+
+`TextBatchFormer` keeps a model's waiting texts as `placement.tcb_scheduler.TextRequest`s (length, arrival, the
+model's SLO as deadline) and asks the configured scheduler (DAS by default, TCB Alg. 1; Slotted DAS, Alg. 2;
+FCFS, SJF, EDF) for the next batch of B rows x L tokens once the rows are full or the oldest text has waited
+`batch_wait_s`. Texts whose deadline passes before they are scheduled are dropped (TCB §5.2) and answered 503.
+
+`pack_text_batch` turns a formed batch into one `PackedBatch` (ops/packing.py): the scheduler's rows (or slots)
+concatenated with per-text positions and a block-diagonal mask (TCB §4.1). A polymorphing model (Arlo) instead
+packs into rows of its ideal runtime's fixed width (Arlo §3.4, Alg. 1 lines 18-19), untrimmed.
+
+Backends: `InProcessTextBackend` runs the packed forward in a worker thread of this process;
+`StagedTextBackend` sends it through a device group's stage actors (`parallel.ModelParallelGroup`). Both pool each
+text's tokens here and answer float32 numpy rows (cheap to pickle back to the ingress).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from models.layers import ActivationState
+from models.packed_text import PackedTextEncoder
+from ops.concat_attention import block_diagonal_mask
+from ops.packing import PackedBatch, pack_requests, pooled_embeddings
+from parallel.group_runtime import ModelParallelGroup
+from placement.arlo_runtimes import ideal_runtime_length
+from placement.spec import ModelSpec, PolicySpec
+from placement.tcb_scheduler import BatchDecision, BatchScheduler, TextRequest, make_batch_scheduler
+from rayserve_apps.engine.engine import FormedBatch, WorkItem
+from rayserve_apps.requests import RequestError
+
+
+#: Batching policy of a text model whose spec names none (TCB Alg. 1).
+DEFAULT_BATCHING_POLICY = "das"
+
+
+def batching_scheduler_for(model: ModelSpec, policy: PolicySpec | dict | None, limit_tokens: int) -> BatchScheduler:
+    """The model's batch scheduler; ValueError naming the field for a bad policy.
+
+    Without `row_length_tokens` the row is as long as the model's input limit, so every accepted text fits a row.
+    """
+    if isinstance(policy, dict):
+        policy = PolicySpec.model_validate(policy)
+    policy = policy or model.policies.get("batching") or PolicySpec(name=DEFAULT_BATCHING_POLICY)
+    params = dict(policy.params)
+    params.setdefault("row_length_tokens", limit_tokens)
+    try:
+        return make_batch_scheduler(policy.name, params)
+    except ValueError as error:
+        raise ValueError(f"model {model.name!r} policies.batching: {error}") from None
+
+
+class TextBatchFormer:
+    """A model's waiting texts and its TCB scheduler (the engine's `BatchFormer` for text encoders)."""
+
+    def __init__(self, model: str, scheduler: BatchScheduler, batch_wait_s: float, slo_ms: float):
+        self.model = model
+        self.scheduler = scheduler
+        self.batch_wait_s = batch_wait_s
+        self.slo_ms = slo_ms
+        self.capacity_tokens = scheduler.params.num_rows * scheduler.params.row_length_tokens
+        self._queue: list[TextRequest] = []
+        self._queued_tokens = 0
+
+    def add(self, items: Sequence[WorkItem]) -> None:
+        for item in items:
+            request = TextRequest(request_id=item, length_tokens=len(item.payload), arrival_s=item.arrival_s,
+                                  deadline_s=item.deadline_s)
+            self._queue.append(request)
+            self._queued_tokens += request.length_tokens
+
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def ready_at_s(self, now_s: float) -> float:
+        if self._queued_tokens >= self.capacity_tokens:
+            return now_s
+        return min(r.arrival_s for r in self._queue) + self.batch_wait_s
+
+    def form(self, now_s: float) -> FormedBatch:
+        live = [r for r in self._queue if not r.request_id.future.done()]  # callers that went away
+        decision = self.scheduler.form_batch(now_s, live)
+        self._queue = decision.remaining(live)
+        self._queued_tokens = sum(r.length_tokens for r in self._queue)
+        refused = [(r.request_id, RequestError(
+            503, "deadline_exceeded", f"model {self.model!r}: a text waited past its {self.slo_ms:g} ms SLO before it "
+            "could be scheduled")) for r in decision.dropped]
+        return FormedBatch(items=[r.request_id for r in decision.requests], plan=decision, refused=refused)
+
+    def completed(self, batch: FormedBatch, finish_s: float) -> None:
+        pass
+
+
+def pack_text_batch(batch: FormedBatch, scheduler: BatchScheduler, pad_token_id: int,
+                    runtime_lengths_tokens: Sequence[int] = ()) -> PackedBatch:
+    """The formed batch as one packed forward pass: the scheduler's rows, or (Arlo) rows of the ideal runtime's
+    width for the batch's longest text, untrimmed."""
+    token_ids = [item.payload for item in batch.items]
+    if runtime_lengths_tokens:
+        width = ideal_runtime_length(runtime_lengths_tokens, max(len(ids) for ids in token_ids))
+        return pack_requests(token_ids, row_length_tokens=width, pad_token_id=pad_token_id, trim=False)
+    decision: BatchDecision = batch.plan
+    position = {id(item): i for i, item in enumerate(batch.items)}
+    bins = [[position[id(r.request_id)] for r in members] for members in decision.bins()]
+    params = scheduler.params
+    return pack_requests(token_ids, params.row_length_tokens, num_rows=params.num_rows,
+                         slot_size_tokens=decision.slot_size_tokens, bins=bins, pad_token_id=pad_token_id)
+
+
+def packed_state(batch: PackedBatch, mask_dtype: torch.dtype = torch.float32) -> ActivationState:
+    """The encoder body's input for a packed batch: ids, per-text positions and the block-diagonal bias."""
+    return ActivationState(
+        hidden=batch.input_ids, attention_mask=batch.attention_mask,
+        attention_bias=block_diagonal_mask(batch.segment_ids, "additive", mask_dtype),
+        extras={"position_ids": batch.position_ids, "token_type_ids": batch.token_type_ids},
+    )
+
+
+def embedding_rows(embeddings: torch.Tensor) -> list[np.ndarray]:
+    """One float32 row per text (numpy pickles far cheaper than lists of Python floats)."""
+    array = embeddings.detach().to(torch.float32).cpu().numpy()
+    return list(array)
+
+
+class InProcessTextBackend:
+    """Runs packed batches through the encoder in a worker thread of this process."""
+
+    def __init__(self, packed: PackedTextEncoder, scheduler: BatchScheduler,
+                 on_packed: Callable[[PackedBatch], None] | None = None):
+        self.packed = packed
+        self.scheduler = scheduler
+        self.on_packed = on_packed
+
+    def _run(self, batch: FormedBatch) -> list[np.ndarray]:
+        packed = pack_text_batch(batch, self.scheduler, self.packed.pad_token_id)
+        if self.on_packed is not None:
+            self.on_packed(packed)
+        return embedding_rows(self.packed.embed_packed(packed).embeddings)
+
+    async def execute(self, batch: FormedBatch) -> list[np.ndarray]:
+        return await asyncio.to_thread(self._run, batch)
+
+
+class StagedTextBackend:
+    """Runs packed batches through a device group's stage actors; pools here."""
+
+    def __init__(self, runtime: ModelParallelGroup, scheduler: BatchScheduler, pad_token_id: int,
+                 runtime_lengths_tokens: Sequence[int] = (), on_packed: Callable[[PackedBatch], None] | None = None):
+        self.runtime = runtime
+        self.scheduler = scheduler
+        self.pad_token_id = pad_token_id
+        self.runtime_lengths_tokens = tuple(runtime_lengths_tokens)
+        self.on_packed = on_packed
+
+    async def execute(self, batch: FormedBatch) -> list[np.ndarray]:
+        packed = pack_text_batch(batch, self.scheduler, self.pad_token_id, self.runtime_lengths_tokens)
+        if self.on_packed is not None:
+            self.on_packed(packed)
+        hidden = (await self.runtime.infer_async(packed_state(packed))).hidden
+        return embedding_rows(pooled_embeddings(hidden, packed))
