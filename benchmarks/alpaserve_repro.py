@@ -1,9 +1,9 @@
 """Reproduction of AlpaServe Fig. 12 (§6.2) in the simulator: SLO attainment of plexserve's planner against
 Selective Replication and Clockwork++ as the number of devices, the rate, the CV and the SLO scale vary.
 
-Stand-ins, named as such: the models are AlpaServe Table 1's reproduction profiles (placement.paper_profiles,
+Stand-ins, named as such: the models are AlpaServe Table 1's reproduction profiles (placement.alpaserve.paper_profiles,
 overhead model of §3.3), and the traffic is synthetic Gamma arrivals with power-law popularity (exponent 0.5, as
-§6.3) rather than the MAF traces, which cannot ship with the project (placement.traces replays them when given).
+§6.3) rather than the MAF traces, which cannot ship with the project (placement.core.traces replays them when given).
 The weight budget per device is 14 GB (the paper's "around 13 GB" must hold one 13.4 GB BERT-6.7B, or SR could not
 serve S2 at all). Each point plans on the workload and simulates the same workload (§6.2); Clockwork++ re-places
 with SR's algorithm every window on that window's actual arrivals, at zero swap cost.
@@ -21,11 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 
 from benchmarks._common import emit_json, machine_description, make_parser, out_dir, setup_logging  # noqa: E402
-from placement.baselines import clockwork_plus_plus, selective_replication  # noqa: E402
-from placement.paper_profiles import GB, table1_model_set  # noqa: E402
-from placement.planner import PlannerConfig, plan  # noqa: E402
-from placement.simulator import simulate  # noqa: E402
-from placement.workload import gamma_workload  # noqa: E402
+from placement.alpaserve.baselines import clockwork_plus_plus, selective_replication  # noqa: E402
+from placement.alpaserve.paper_profiles import GB, table1_model_set  # noqa: E402
+from placement.alpaserve.planner import PlannerConfig, plan  # noqa: E402
+from placement.alpaserve.simulator import simulate  # noqa: E402
+from placement.core.workload import gamma_workload  # noqa: E402
 
 REPRO_WEIGHT_BUDGET_BYTES = 14 * GB
 POPULARITY_EXPONENT = 0.5

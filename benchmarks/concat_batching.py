@@ -6,7 +6,7 @@
    the same total tokens). Lengths as TCB §6.2: a normal distribution of mean 20 and variance 20 (and 100), clipped
    to [3, 100] tokens. Token ids are drawn at random from the tokenizer's vocabulary (generated data).
 2. Utility at increasing Poisson arrival rates (TCB §6.2.4) for DAS, Slotted DAS, FCFS, SJF and EDF, replayed on
-   a simulated clock (placement/tcb_replay.py) with a batch-latency model measured on the real engine above.
+   a simulated clock (placement/tcb/trace_replay.py) with a batch-latency model measured on the real engine above.
 3. End to end through Ray Serve (only when the plexserve text replica runs ConcatBatching): the text replica vs a
    plain `@serve.batch` deployment that pads per batch, same model, same load, same CPUs.
 
@@ -36,8 +36,8 @@ from benchmarks._common import emit_json, make_parser, out_dir, setup_logging
 from models.batching_baselines import NaiveBatchingEngine, SortedBatchingEngine
 from models.packed_text import ConcatBatchingEngine, PackedTextEncoder
 from models.text_encoder import load_text_encoder
-from placement.tcb_replay import replay
-from placement.tcb_scheduler import BatchDecision, TextRequest, make_batch_scheduler
+from placement.tcb.trace_replay import replay
+from placement.tcb.batch_scheduler import BatchDecision, TextRequest, make_batch_scheduler
 
 log = setup_logging("concat_batching")
 

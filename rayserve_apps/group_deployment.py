@@ -50,9 +50,9 @@ from ops.packing import pack_requests, pooled_embeddings
 from parallel.group_runtime import GroupFailedError, ModelParallelGroup
 from parallel.plan import ParallelPlan
 from parallel.stage_layers import ModelSource
-from placement.arlo_runtimes import ideal_runtime_length
-from placement.profiles import ParallelConfig
-from placement.spec import ModelSpec
+from placement.arlo.runtimes import ideal_runtime_length
+from placement.core.profiles import ParallelConfig
+from placement.core.deployment_spec import ModelSpec
 from rayserve_apps import metrics
 
 logger = logging.getLogger("ray.serve")

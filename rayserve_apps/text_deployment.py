@@ -1,7 +1,7 @@
 """The per-model text deployment: a replica that embeds already tokenized texts with ConcatBatching (TCB).
 
 The ingress tokenizes and validates; this replica re-checks the token ids (a handle caller may skip the ingress).
-Every text of every call becomes one waiting request (placement/tcb_scheduler.py `TextRequest`: its length,
+Every text of every call becomes one waiting request (placement/tcb/batch_scheduler.py `TextRequest`: its length,
 arrival and the model's SLO as deadline). A batch-forming loop, one per replica, asks the configured scheduler
 (`spec.policy("batching", model)`: das by default, or slotted_das, fcfs, sjf, edf) for the next batch of B rows of
 L tokens, packs it (ops/packing.py) and runs the packed forward (models/packed_text.py) in a worker thread, so new
@@ -25,8 +25,8 @@ from ray import serve
 
 from models.packed_text import PackedTextEncoder
 from models.text_encoder import load_text_encoder
-from placement.spec import ModelSpec, PolicySpec
-from placement.tcb_scheduler import BatchDecision, BatchScheduler, TextRequest, make_batch_scheduler
+from placement.core.deployment_spec import ModelSpec, PolicySpec
+from placement.tcb.batch_scheduler import BatchDecision, BatchScheduler, TextRequest, make_batch_scheduler
 from rayserve_apps import metrics
 from rayserve_apps._threads import set_torch_threads_for
 from rayserve_apps.requests import RequestError

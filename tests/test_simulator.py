@@ -6,12 +6,12 @@ import math
 import numpy as np
 import pytest
 
-from placement.batching import MaxBatchWithinSLO
-from placement.dispatch import EarliestFinishDispatch, GroupView, RoundRobinDispatch, ShortestQueueDispatch
-from placement.placement_plan import GroupPlacement, Placement
-from placement.profiles import ConfigProfile, ModelProfile, ParallelConfig, ProfileSet, StageProfile
-from placement.simulator import LATE, REJECTED, SERVED, UNPLACED, SimulatorConfig, simulate
-from placement.workload import PoissonProcess, GammaProcess, ModelTraffic, Workload, generate_workload
+from placement.alpaserve.batching import MaxBatchWithinSLO
+from placement.alpaserve.dispatch import EarliestFinishDispatch, GroupView, RoundRobinDispatch, ShortestQueueDispatch
+from placement.core.placement_plan import GroupPlacement, Placement
+from placement.core.profiles import ConfigProfile, ModelProfile, ParallelConfig, ProfileSet, StageProfile
+from placement.alpaserve.simulator import LATE, REJECTED, SERVED, UNPLACED, SimulatorConfig, simulate
+from placement.core.workload import PoissonProcess, GammaProcess, ModelTraffic, Workload, generate_workload
 
 GB = 10**9
 
@@ -191,7 +191,7 @@ def test_utilization_is_bounded():
 
 
 def test_dispatch_policies_by_name_and_their_decisions():
-    from placement.dispatch import make_dispatch
+    from placement.alpaserve.dispatch import make_dispatch
     views = [
         GroupView(group_id=0, models=frozenset({"a"}), queue_length=3, free_at_s=1.0, finish_if_dispatched_s=1.5),
         GroupView(group_id=1, models=frozenset({"a", "b"}), queue_length=1, free_at_s=2.0, finish_if_dispatched_s=2.5),
@@ -222,8 +222,8 @@ def test_batch_policy_respects_limit_and_deadlines():
 
 
 def test_dispatch_from_deployment_spec():
-    from placement.dispatch import dispatch_from_spec
-    from placement.spec import parse_spec
+    from placement.alpaserve.dispatch import dispatch_from_spec
+    from placement.core.deployment_spec import parse_spec
     base = {"models": [{"name": "m", "kind": "text", "source": "package:all-minilm-l6-v2"}]}
     assert isinstance(dispatch_from_spec(parse_spec(base)), ShortestQueueDispatch)
     spec = parse_spec({**base, "policies": {"dispatch": {"name": "round_robin", "params": {"slo_admission": False}}}})

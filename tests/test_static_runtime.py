@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ops.static_runtime import DynamicRuntime, PackedStaticRuntime, StaticRuntime, compare_backends, fastest_exact_backend
-from placement.arlo_paper_profiles import staircase_latency_s
-from placement.arlo_runtimes import RuntimeProfile, choose_runtime_lengths
+from models.runtimes.static_runtime import DynamicRuntime, PackedStaticRuntime, StaticRuntime, compare_backends, fastest_exact_backend
+from placement.arlo.paper_profiles import staircase_latency_s
+from placement.arlo.runtimes import RuntimeProfile, choose_runtime_lengths
 
 TEXTS = ["a short one", "a somewhat longer sentence about serving transformer models on a cluster", "hi"]
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from placement.workload import (ClippedNormalLength, EmpiricalLength, FixedLength, GammaProcess,
+from placement.core.workload import (ClippedNormalLength, EmpiricalLength, FixedLength, GammaProcess,
                                 MarkovModulatedProcess, ModelTraffic, PoissonProcess, Workload, gamma_workload,
                                 generate_workload, power_law_popularity, uniform_popularity)
 

@@ -24,11 +24,11 @@ from typing import Literal, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from placement.placement_plan import Placement
-from placement.planner import PlannerConfig, place_unplaced, plan, select_models
-from placement.profiles import ProfileSet
-from placement.simulator import simulate
-from placement.traces import fit_arrivals
+from placement.core.placement_plan import Placement
+from placement.alpaserve.planner import PlannerConfig, place_unplaced, plan, select_models
+from placement.core.profiles import ProfileSet
+from placement.alpaserve.simulator import simulate
+from placement.core.traces import fit_arrivals
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class ReplanPolicy:
 
     def workload(self, traffic: ObservedTraffic, rates: np.ndarray, cvs: np.ndarray):
         """The traffic of the last fit window, resampled over the planning horizon."""
-        from placement.traces import FittedTrace
+        from placement.core.traces import FittedTrace
 
         horizon = max(traffic.duration_s, MIN_HORIZON_S)
         trace = FittedTrace(traffic.model_names, horizon, rates[:, None], cvs[:, None])

@@ -2,7 +2,7 @@
 
 Arlo §3.3 picks runtime lengths where a static runtime's latency jumps (TensorRT Bert: every 64 tokens). On another
 device or compiler the steps differ, so plexserve measures them: `measure_staircase` times a static runtime at each
-candidate length, `placement.arlo_runtimes.choose_runtime_lengths` turns the curve into runtime lengths, and
+candidate length, `placement.arlo.runtimes.choose_runtime_lengths` turns the curve into runtime lengths, and
 `measure_runtime_latencies` profiles the chosen runtimes by batch size (Arlo's L_i, from which M_i follows).
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from models.text_encoder import TextEncoder
-from ops.static_runtime import StaticBackend, StaticRuntime, synthetic_token_batch, time_call
+from models.runtimes.static_runtime import StaticBackend, StaticRuntime, synthetic_token_batch, time_call
 
 logger = logging.getLogger(__name__)
 

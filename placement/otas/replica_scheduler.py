@@ -2,15 +2,15 @@
 
 The flow of otas-v2 §III-A (Fig. 5) for one replica that executes batches one at a time:
 
-1. `submit`: a query joins a batch of the queue by Alg. 1 (`placement/otas_batching.py`); its arrival feeds the
+1. `submit`: a query joins a batch of the queue by Alg. 1 (`placement/otas/adaptive_batching.py`); its arrival feeds the
    rate estimate q.
 2. `next_batch(now)`: queries that can no longer meet their deadline even at the fastest setting are evicted;
-   the allocator (Alg. 2/3, `placement/otas_token_allocation.py`, or a baseline) assigns gamma to the
+   the allocator (Alg. 2/3, `placement/otas/token_allocation.py`, or a baseline) assigns gamma to the
    deadline-sorted queue; the first batch with a gamma is taken out and returned as a `Dispatch`.
 3. `complete(dispatch, finish_s, correct)`: every query is accounted by outcome: served correct in time (earns
    u_r), served wrong, late, or evicted (earn nothing) -- the alpha_r of problem (1).
 
-The simulator (`placement/otas_simulation.py`) and a live replica call the same object with their own clocks.
+The simulator (`placement/otas/simulation.py`) and a live replica call the same object with their own clocks.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
-from placement.otas_batching import AdaptiveBatcher, AdaptiveBatchingParams, OtasBatch, OtasRequest
-from placement.otas_token_allocation import ArrivalRateEstimator, TokenAllocator
+from placement.otas.adaptive_batching import AdaptiveBatcher, AdaptiveBatchingParams, OtasBatch, OtasRequest
+from placement.otas.token_allocation import ArrivalRateEstimator, TokenAllocator
 
 Outcome = Literal["correct", "wrong", "in_time", "late", "evicted"]
 #: "in_time": served before its deadline with correctness unknown (live traffic has no labels).

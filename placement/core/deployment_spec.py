@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from placement.placement_plan import Placement
+from placement.core.placement_plan import Placement
 
 #: Model names appear in URLs (`/v1/models/{name}/embed`), metric tags and deployment names.
 MODEL_NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
@@ -186,7 +186,7 @@ class DeploymentSpec(_Strict):
     planning: dict[str, Any] | None = Field(
         default=None,
         description=(
-            "Used when `placement` is absent: profiles, workload and planner knobs (placement/deployment_planning.py); "
+            "Used when `placement` is absent: profiles, workload and planner knobs (placement/alpaserve/deployment_planning.py); "
             "the app builder plans the placement with AlpaServe's planner before deploying."
         ),
     )

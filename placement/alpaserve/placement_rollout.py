@@ -24,7 +24,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from placement.placement_plan import GroupPlacement, Placement
+from placement.core.placement_plan import GroupPlacement, Placement
 
 ChangeKind = Literal["rehost", "start", "stop", "replace"]
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from placement.arlo_runtimes import RuntimeProfile, RuntimeProfileSet
+from placement.arlo.runtimes import RuntimeProfile, RuntimeProfileSet
 
 #: Arlo §3.3: the staircase step of TensorRT Bert.
 PAPER_STEP_TOKENS = 64

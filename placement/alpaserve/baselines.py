@@ -16,11 +16,11 @@ from typing import Sequence
 
 import numpy as np
 
-from placement.placement_plan import GroupPlacement, Placement, SearchStats
-from placement.planner import PlannerConfig, plan
-from placement.profiles import ParallelConfig, ProfileSet
-from placement.simulator import SimulatorConfig, simulate
-from placement.workload import Workload
+from placement.core.placement_plan import GroupPlacement, Placement, SearchStats
+from placement.alpaserve.planner import PlannerConfig, plan
+from placement.core.profiles import ParallelConfig, ProfileSet
+from placement.alpaserve.simulator import SimulatorConfig, simulate
+from placement.core.workload import Workload
 
 logger = logging.getLogger(__name__)
 

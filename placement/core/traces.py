@@ -22,7 +22,7 @@ from typing import Literal, Sequence
 
 import numpy as np
 
-from placement.workload import GammaProcess, Workload
+from placement.core.workload import GammaProcess, Workload
 
 logger = logging.getLogger(__name__)
 

@@ -9,10 +9,10 @@ per `period_s` (Arlo §5: 120 s) the allocator
    (`RuntimeProfileSet.requests_per_bin`);
 2. solves Arlo's Eq. 1-7 exactly for the N_i summing to `num_instances` (`solve_allocation`), falling back to
    `proportional_allocation` when Eq. 3 cannot hold on that many instances, as `PeriodicRuntimeAllocator` does
-   (adding instances is target-tracking autoscaling's job, `placement.autoscaling`);
+   (adding instances is target-tracking autoscaling's job, `placement.arlo.autoscaling`);
 3. keeps the previous counts when they are as good (Eq. 1 within `change_tolerance` of the optimum), so ties and
    an idle window never swap runtimes;
-4. maps the counts onto replica ranks changing the fewest replicas (`placement.replacement.rank_assignment`, Arlo §4
+4. maps the counts onto replica ranks changing the fewest replicas (`placement.arlo.instance_replacement.rank_assignment`, Arlo §4
    "Instance replacement") and returns the declarative update `(num_replicas, user_config)` with the same contents
    as `rayserve_apps.polymorph_runtime_deployment.allocation_update` (placement/ does not import rayserve_apps).
 
@@ -28,9 +28,9 @@ from typing import Any, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from placement.arlo_runtimes import RuntimeProfile, RuntimeProfileSet
-from placement.replacement import rank_assignment
-from placement.runtime_allocation import (ARLO_ALLOCATION_PERIOD_S, RuntimeAllocation, allocation_lower_bounds,
+from placement.arlo.runtimes import RuntimeProfile, RuntimeProfileSet
+from placement.arlo.instance_replacement import rank_assignment
+from placement.arlo.runtime_allocation import (ARLO_ALLOCATION_PERIOD_S, RuntimeAllocation, allocation_lower_bounds,
                                           evaluate_allocation, proportional_allocation, solve_allocation)
 
 logger = logging.getLogger(__name__)
@@ -265,7 +265,7 @@ class LiveRuntimeAllocator:
 def apply_scaling(assignment: Mapping[int, int], action: Literal["scale_out", "scale_in"],
                   longest_max_length_tokens: int) -> dict[int, int]:
     """The replica rank -> runtime max length assignment after a target-tracking action (Arlo §3.3 "Resource
-    auto-scaling", §4; `placement.autoscaling.TargetTrackingAutoscaler` decides the action).
+    auto-scaling", §4; `placement.arlo.autoscaling.TargetTrackingAutoscaler` decides the action).
 
     scale_out adds rank N with the longest runtime (it can take any request). scale_in releases the highest rank:
     in the live app Serve picks the replica it stops and keeps ranks contiguous, and every replica runs its rank's

@@ -16,7 +16,7 @@ INFaaS-like first fit over instances that can take the length (Arlo §5 compared
 
 Every policy is a plain object: `dispatch(length_tokens) -> instance id` counts the request as outstanding on that
 instance, `complete(instance_id)` when it finishes. The live router (rayserve_apps/polymorph_router.py) and the
-simulator (placement/arlo_simulation.py) drive the same objects. A dispatch costs O(L + log(N/K)) (Arlo §3.4).
+simulator (placement/arlo/simulation.py) drive the same objects. A dispatch costs O(L + log(N/K)) (Arlo §3.4).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A profile holds, for each parallel configuration a device group can run (intra-op degree x pipeline stages,
 AlpaServe §4.1), the latency of every pipeline stage for each batch size and the weight memory of every stage.
 Profiles are plain data: `parallel/` measures and writes them, the paper's reproduction profiles are built by
-`placement.paper_profiles`, and both round-trip through JSON unchanged.
+`placement.alpaserve.paper_profiles`, and both round-trip through JSON unchanged.
 """
 
 from __future__ import annotations

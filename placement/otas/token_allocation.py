@@ -24,8 +24,8 @@ from typing import Any, Callable, Literal, Protocol, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from placement.otas_batching import OtasBatch
-from placement.otas_profile import OtasProfile
+from placement.otas.adaptive_batching import OtasBatch
+from placement.otas.profile import OtasProfile
 
 #: f(q) uses the throughput at this fraction of the batch cap epsilon (OTAS Fig. 7: throughput saturates early).
 RATE_MAP_HEADROOM = 0.9

@@ -14,10 +14,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from placement.paper_profiles import TABLE1_MODELS, replicate_profiles, table1_model_set, table1_profiles
-from placement.profiles import ProfileSet
-from placement.spec import ClusterSpec, format_validation_error
-from placement.workload import GammaProcess, ModelTraffic, PoissonProcess, Workload, generate_workload, power_law_popularity, uniform_popularity
+from placement.alpaserve.paper_profiles import TABLE1_MODELS, replicate_profiles, table1_model_set, table1_profiles
+from placement.core.profiles import ProfileSet
+from placement.core.deployment_spec import ClusterSpec, format_validation_error
+from placement.core.workload import GammaProcess, ModelTraffic, PoissonProcess, Workload, generate_workload, power_law_popularity, uniform_popularity
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ def model_names(spec: PlanSpec, profiles: ProfileSet) -> list[str]:
 
 
 def slos_s(spec: PlanSpec, profiles: ProfileSet, names: list[str]) -> list[float]:
-    from placement.planner import _reference_latency
+    from placement.alpaserve.planner import _reference_latency
     return [spec.slo_ms[n] / 1e3 if n in spec.slo_ms else spec.slo_scale * _reference_latency(profiles, n) for n in names]
 
 
@@ -150,7 +150,7 @@ def build_workload(spec: PlanSpec, profiles: ProfileSet, names: list[str], base_
     w = spec.workload
     slo = slos_s(spec, profiles, names)
     if w.kind == "trace":
-        from placement.traces import load_trace, trace_workload
+        from placement.core.traces import load_trace, trace_workload
         path = Path(w.trace_path)
         trace = load_trace(path if path.is_absolute() else base_dir / path, w.trace_format)
         return trace_workload(trace, names, slo, window_s=w.window_s, rate_scale=w.rate_scale, cv_scale=w.cv_scale,
@@ -176,9 +176,9 @@ def prepare(spec: PlanSpec, base_dir: Path) -> tuple[ProfileSet, list[str], Work
 
 def simulator_config(spec: PlanSpec):
     """The simulated system a planning spec describes."""
-    from placement.batching import MaxBatchWithinSLO
-    from placement.dispatch import make_dispatch
-    from placement.simulator import SimulatorConfig
+    from placement.alpaserve.batching import MaxBatchWithinSLO
+    from placement.alpaserve.dispatch import make_dispatch
+    from placement.alpaserve.simulator import SimulatorConfig
     sim = spec.simulation
     return SimulatorConfig(
         dispatch=make_dispatch(sim.dispatch, slo_admission=sim.slo_admission),
@@ -189,7 +189,7 @@ def simulator_config(spec: PlanSpec):
 
 def planner_config(spec: PlanSpec):
     """The AlpaServe planner's knobs and simulated system a planning spec describes."""
-    from placement.planner import PlannerConfig
+    from placement.alpaserve.planner import PlannerConfig
     p = spec.planner
     return PlannerConfig(beam_size=p.beam_size, fast=p.fast, replicas_per_round=p.replicas_per_round,
                          screen_fraction=p.screen_fraction, max_group_devices=p.max_group_devices,
@@ -199,8 +199,8 @@ def planner_config(spec: PlanSpec):
 
 def run_planner(spec: PlanSpec, profiles: ProfileSet, names: list[str], workload: Workload):
     """Run the spec's planner (AlpaServe §4.2, or a baseline) and return the normalized placement."""
-    from placement.baselines import round_robin, selective_replication
-    from placement.planner import plan
+    from placement.alpaserve.baselines import round_robin, selective_replication
+    from placement.alpaserve.planner import plan
     p = spec.planner
     config = planner_config(spec)
     memory, devices = spec.cluster.device_memory_bytes, spec.cluster.num_devices

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from placement.otas_batching import OtasBatch
-from placement.otas_profile import OtasProfile
-from placement.otas_token_allocation import AllocationPlan, RateToGamma
+from placement.otas.adaptive_batching import OtasBatch
+from placement.otas.profile import OtasProfile
+from placement.otas.token_allocation import AllocationPlan, RateToGamma
 
 
 class FixedGammaAllocator:

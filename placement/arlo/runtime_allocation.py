@@ -33,7 +33,7 @@ from typing import Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from placement.arlo_runtimes import RHO_CAP, RuntimeProfileSet
+from placement.arlo.runtimes import RHO_CAP, RuntimeProfileSet
 
 logger = logging.getLogger(__name__)
 

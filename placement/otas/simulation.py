@@ -16,9 +16,9 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from placement.otas_batching import OtasRequest
-from placement.otas_profile import OtasProfile
-from placement.otas_scheduler import OtasScheduler, UtilityLedger
+from placement.otas.adaptive_batching import OtasRequest
+from placement.otas.profile import OtasProfile
+from placement.otas.replica_scheduler import OtasScheduler, UtilityLedger
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Replay a request trace through a batch scheduler on a simulated clock (TCB §5.1's time slots).
 
 One engine runs one batch at a time: when it is idle and requests wait, the scheduler forms a batch
-(placement/tcb_scheduler.py) and the batch occupies the engine for `batch_latency_s(decision)` seconds, a
+(placement/tcb/batch_scheduler.py) and the batch occupies the engine for `batch_latency_s(decision)` seconds, a
 latency model measured on the real engine (benchmarks/concat_batching.py) or given. A request earns its utility
 1/l_n (TCB Eq. 9) when its batch finishes by its deadline; requests dropped by the scheduler, or finishing late,
 earn nothing and are counted.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from placement.tcb_scheduler import BatchDecision, BatchScheduler, TextRequest
+from placement.tcb.batch_scheduler import BatchDecision, BatchScheduler, TextRequest
 
 
 @dataclass

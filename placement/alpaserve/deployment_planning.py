@@ -2,7 +2,7 @@
 
 A deployment spec may carry a `planning` section instead of a `placement`: where the profiles come from
 (measured by `parallel/`, or the paper's reproduction profiles), the traffic to plan for, and the planner's knobs,
-in the planning spec's own vocabulary (`placement/plan_spec.py`). The models, their SLOs and the cluster come from
+in the planning spec's own vocabulary (`placement/alpaserve/plan_spec.py`). The models, their SLOs and the cluster come from
 the deployment spec itself, so the two never disagree.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from placement.placement_plan import Placement
-from placement.plan_spec import (
+from placement.core.placement_plan import Placement
+from placement.alpaserve.plan_spec import (
     PlannerSpec,
     PlanSpec,
     ProfilesSpec,
@@ -25,8 +25,8 @@ from placement.plan_spec import (
     prepare,
     run_planner,
 )
-from placement.replanning import ReplanPolicy
-from placement.spec import DeploymentSpec, format_validation_error
+from placement.alpaserve.replanning import ReplanPolicy
+from placement.core.deployment_spec import DeploymentSpec, format_validation_error
 
 
 class DeploymentPlanning(BaseModel):

@@ -3,7 +3,7 @@ and its fast variant) inside Algorithm 2 (enumeration of model buckets, device b
 parallel configurations, with the paper's pruning), under a per-device memory constraint.
 
 Selective Replication (SR, §6.2) is this planner with model parallelism switched off (every group one device);
-see :mod:`placement.baselines` for SR, round robin and Clockwork++.
+see :mod:`placement.alpaserve.baselines` for SR, round robin and Clockwork++.
 
 The defaults follow the paper. Three speed-ups beyond it are opt-in (`PlannerConfig`), used by the benchmarks
 for the 48-model x 64-device case: several replicas per simulation in the fast variant (`replicas_per_round`),
@@ -22,10 +22,10 @@ from typing import Sequence
 
 import numpy as np
 
-from placement.placement_plan import GroupPlacement, Placement, SearchStats
-from placement.profiles import ParallelConfig, ProfileSet
-from placement.simulator import LatencyCache, SimulatorConfig, simulate_groups
-from placement.workload import Workload
+from placement.core.placement_plan import GroupPlacement, Placement, SearchStats
+from placement.core.profiles import ParallelConfig, ProfileSet
+from placement.alpaserve.simulator import LatencyCache, SimulatorConfig, simulate_groups
+from placement.core.workload import Workload
 
 logger = logging.getLogger(__name__)
 

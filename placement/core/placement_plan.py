@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from placement.profiles import ParallelConfig, ProfileSet
+from placement.core.profiles import ParallelConfig, ProfileSet
 
 
 class GroupPlacement(BaseModel):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from placement.profiles import ConfigProfile, ModelProfile, ParallelConfig, ProfileSet, StageProfile
+from placement.core.profiles import ConfigProfile, ModelProfile, ParallelConfig, ProfileSet, StageProfile
 
 GB = 10**9
 

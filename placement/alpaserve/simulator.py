@@ -2,8 +2,8 @@
 
 Each device group runs a pipeline of `pipeline_stages` stages. A request dispatched to a group enters stage k as
 soon as it has left stage k-1 and stage k is free, so consecutive requests overlap (AlpaServe §3.4). Groups serve
-FCFS. Dispatch is a :mod:`placement.dispatch` policy (default: shortest queue with SLO admission, §4.3); batching
-is an optional :mod:`placement.batching` policy (§6.5). Fixed per-request overheads (before the first stage and
+FCFS. Dispatch is a :mod:`placement.alpaserve.dispatch` policy (default: shortest queue with SLO admission, §4.3); batching
+is an optional :mod:`placement.alpaserve.batching` policy (§6.5). Fixed per-request overheads (before the first stage and
 after the last) are named parameters.
 
 Two engines give identical results:
@@ -25,12 +25,12 @@ from typing import Sequence
 
 import numpy as np
 
-from placement.batching import BatchPolicy, MaxBatchWithinSLO
-from placement.dispatch import (KERNEL_EARLIEST_FINISH, KERNEL_ROUND_ROBIN, DispatchPolicy, GroupView,
+from placement.alpaserve.batching import BatchPolicy, MaxBatchWithinSLO
+from placement.alpaserve.dispatch import (KERNEL_EARLIEST_FINISH, KERNEL_ROUND_ROBIN, DispatchPolicy, GroupView,
                                 ShortestQueueDispatch)
-from placement.placement_plan import Placement
-from placement.profiles import ParallelConfig, ProfileSet
-from placement.workload import Workload
+from placement.core.placement_plan import Placement
+from placement.core.profiles import ParallelConfig, ProfileSet
+from placement.core.workload import Workload
 
 try:  # numba compiles the kernels; without it they run as (slow) plain Python with the same results.
     from numba import njit
@@ -674,7 +674,7 @@ def simulate_groups(groups: Sequence[GroupSpec], cache: LatencyCache, workload: 
         tables.latency = np.ascontiguousarray(tables.latency[:, :, : max_batch + 1])
     n = len(workload)
     kernel_code = getattr(config.dispatch, "kernel_code", None)
-    compiled = (not reference and kernel_code is not None and type(config.dispatch).__module__ == "placement.dispatch"
+    compiled = (not reference and kernel_code is not None and type(config.dispatch).__module__ == "placement.alpaserve.dispatch"
                 and (config.batching is None or isinstance(config.batching, MaxBatchWithinSLO)))
     if not compiled:
         engine = _ReferenceEngine(tables, groups, names, config, workload, max_batch)

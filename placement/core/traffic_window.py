@@ -3,7 +3,7 @@
 The ingress records one `RequestRecord` per request (model, arrival time, input length, outcome, latency) and
 sends them in batches; the controller keeps the records of the last observation window in a `TrafficWindow` and
 turns them into the inputs of its policies: per-model arrival times for the workload fit
-(`placement.replanning.ObservedTraffic`), SLO attainment, and input-length histograms (Arlo's runtime allocation).
+(`placement.alpaserve.replanning.ObservedTraffic`), SLO attainment, and input-length histograms (Arlo's runtime allocation).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Iterable, Literal, Sequence
 
 import numpy as np
 
-from placement.replanning import ObservedTraffic
+from placement.alpaserve.replanning import ObservedTraffic
 
 Outcome = Literal["ok", "rejected", "failed", "invalid"]
 #: Input-length histogram bin edges, tokens (the last bin is open-ended).
