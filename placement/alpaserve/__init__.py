@@ -28,9 +28,7 @@ from placement.alpaserve.plan_spec import (
     ProfilesSpec, WorkloadSpec, PlannerSpec, SimulationSpec, PlanSpec, load_plan_spec, model_names, slos_s,
     build_workload, prepare, simulator_config, planner_config, run_planner,
 )
-from placement.alpaserve.replanning import (
-    CandidateName, ObservedTraffic, ModelTrafficFit, Candidate, ReplanDecision, ReplanPolicy,
-)
+from placement.alpaserve.replanning import CandidateName, ModelTrafficFit, Candidate, ReplanDecision, ReplanPolicy
 from placement.alpaserve.deployment_planning import (
     DeploymentPlanning, parse_planning, planning_spec, replan_policy, plan_deployment,
 )
@@ -47,8 +45,8 @@ __all__ = [
     "WindowPlacement", "DynamicResult", "clockwork_plus_plus", "OverheadModel", "PaperModelSet", "model_profile",
     "table1_profiles", "table1_model_set", "replicate_profiles", "ProfilesSpec", "WorkloadSpec", "PlannerSpec",
     "SimulationSpec", "PlanSpec", "load_plan_spec", "model_names", "slos_s", "build_workload", "prepare",
-    "simulator_config", "planner_config", "run_planner", "CandidateName", "ObservedTraffic", "ModelTrafficFit",
-    "Candidate", "ReplanDecision", "ReplanPolicy", "DeploymentPlanning", "parse_planning", "planning_spec",
-    "replan_policy", "plan_deployment", "ChangeKind", "SlotLayout", "SlotChange", "RolloutStep", "Rollout",
-    "match_slots", "plan_rollout", "transition_routes",
+    "simulator_config", "planner_config", "run_planner", "CandidateName", "ModelTrafficFit", "Candidate",
+    "ReplanDecision", "ReplanPolicy", "DeploymentPlanning", "parse_planning", "planning_spec", "replan_policy",
+    "plan_deployment", "ChangeKind", "SlotLayout", "SlotChange", "RolloutStep", "Rollout", "match_slots",
+    "plan_rollout", "transition_routes",
 ]

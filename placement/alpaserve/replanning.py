@@ -29,22 +29,13 @@ from placement.alpaserve.planner import PlannerConfig, place_unplaced, plan, sel
 from placement.core.profiles import ProfileSet
 from placement.alpaserve.simulator import simulate
 from placement.core.traces import fit_arrivals
+from placement.core.traffic_window import ObservedTraffic
 
 logger = logging.getLogger(__name__)
 
 CandidateName = Literal["keep", "rehost", "replan"]
 #: Shortest workload the candidates are simulated on, seconds: a short period is resampled for longer.
 MIN_HORIZON_S = 60.0
-
-
-@dataclass
-class ObservedTraffic:
-    """What the ingress saw during one observation window."""
-
-    model_names: list[str]
-    arrival_s: list[np.ndarray]  # per model: arrival times, seconds from the window's start
-    duration_s: float
-    slo_s: list[float]  # per model
 
 
 class ModelTrafficFit(BaseModel):

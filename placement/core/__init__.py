@@ -19,7 +19,7 @@ from placement.core.traces import (
     Trace, load_maf2019, load_maf2021, load_trace, FittedTrace, function_to_model, fit_gamma_windows, fit_arrivals,
     trace_workload,
 )
-from placement.core.traffic_window import Outcome, RequestRecord, ModelWindowStats, TrafficWindow
+from placement.core.traffic_window import Outcome, ObservedTraffic, RequestRecord, ModelWindowStats, TrafficWindow
 
 __all__ = [
     "ParallelConfig", "StageProfile", "ConfigProfile", "ModelProfile", "ProfileSet", "GroupPlacement", "SearchStats",
@@ -28,6 +28,6 @@ __all__ = [
     "PoissonProcess", "GammaProcess", "MarkovModulatedProcess", "uniform_popularity", "power_law_popularity",
     "LengthDistribution", "FixedLength", "ClippedNormalLength", "EmpiricalLength", "Workload", "ModelTraffic",
     "generate_workload", "gamma_workload", "Trace", "load_maf2019", "load_maf2021", "load_trace", "FittedTrace",
-    "function_to_model", "fit_gamma_windows", "fit_arrivals", "trace_workload", "Outcome", "RequestRecord",
-    "ModelWindowStats", "TrafficWindow",
+    "function_to_model", "fit_gamma_windows", "fit_arrivals", "trace_workload", "Outcome", "ObservedTraffic",
+    "RequestRecord", "ModelWindowStats", "TrafficWindow",
 ]

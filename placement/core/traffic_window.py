@@ -3,7 +3,7 @@
 The ingress records one `RequestRecord` per request (model, arrival time, input length, outcome, latency) and
 sends them in batches; the controller keeps the records of the last observation window in a `TrafficWindow` and
 turns them into the inputs of its policies: per-model arrival times for the workload fit
-(`placement.alpaserve.replanning.ObservedTraffic`), SLO attainment, and input-length histograms (Arlo's runtime allocation).
+(`ObservedTraffic`), SLO attainment, and input-length histograms (Arlo's runtime allocation).
 """
 
 from __future__ import annotations
@@ -14,11 +14,19 @@ from typing import Iterable, Literal, Sequence
 
 import numpy as np
 
-from placement.alpaserve.replanning import ObservedTraffic
-
 Outcome = Literal["ok", "rejected", "failed", "invalid"]
 #: Input-length histogram bin edges, tokens (the last bin is open-ended).
 LENGTH_BIN_EDGES_TOKENS = (0, 16, 32, 64, 128, 256, 512)
+
+
+@dataclass
+class ObservedTraffic:
+    """What the ingress saw during one observation window."""
+
+    model_names: list[str]
+    arrival_s: list[np.ndarray]  # per model: arrival times, seconds from the window's start
+    duration_s: float
+    slo_s: list[float]  # per model
 
 
 @dataclass(frozen=True)
