@@ -212,7 +212,9 @@ def real_minilm_run(args) -> dict:
 
     from models.text_encoder import load_text_encoder
     from models.runtimes.length_staircase import measure_runtime_latencies, measure_staircase
-    from models.runtimes.static_runtime import DynamicRuntime, StaticRuntime, compare_backends, fastest_exact_backend, time_call
+    from models.runtimes.static_runtime import (
+        DynamicRuntime, StaticRuntime, compare_backends, fastest_exact_backend, time_call,
+    )
 
     torch.set_num_threads(1)
     encoder = load_text_encoder()

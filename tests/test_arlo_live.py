@@ -1,4 +1,4 @@
-"""Arlo's Runtime Scheduler as the live controller's policy (placement.arlo.live_allocator): periods, moves, fewest changes."""
+"""The live controller's Arlo Runtime Scheduler (placement.arlo.live_allocator): periods, moves, fewest changes."""
 
 from __future__ import annotations
 

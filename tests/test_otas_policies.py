@@ -8,7 +8,9 @@ import random
 import pytest
 
 from placement.otas.baselines import FixedGammaAllocator, ModelSwitchingAllocator
-from placement.otas.adaptive_batching import AdaptiveBatcher, AdaptiveBatchingParams, OtasBatch, OtasRequest, parse_batching_params
+from placement.otas.adaptive_batching import (
+    AdaptiveBatcher, AdaptiveBatchingParams, OtasBatch, OtasRequest, parse_batching_params,
+)
 from placement.otas.profile import OtasProfile
 from placement.otas.replica_scheduler import OtasScheduler
 from placement.otas.simulation import QueryType, fluctuating_poisson_trace, fluctuating_rates, simulate

@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.runtimes.static_runtime import DynamicRuntime, PackedStaticRuntime, StaticRuntime, compare_backends, fastest_exact_backend
+from models.runtimes.static_runtime import (
+    DynamicRuntime, PackedStaticRuntime, StaticRuntime, compare_backends, fastest_exact_backend,
+)
 from placement.arlo.paper_profiles import staircase_latency_s
 from placement.arlo.runtimes import RuntimeProfile, choose_runtime_lengths
 

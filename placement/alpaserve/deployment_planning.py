@@ -2,8 +2,8 @@
 
 A deployment spec may carry a `planning` section instead of a `placement`: where the profiles come from
 (measured by `parallel/`, or the paper's reproduction profiles), the traffic to plan for, and the planner's knobs,
-in the planning spec's own vocabulary (`placement/alpaserve/plan_spec.py`). The models, their SLOs and the cluster come from
-the deployment spec itself, so the two never disagree.
+in the planning spec's own vocabulary (`placement/alpaserve/plan_spec.py`). The models, their SLOs and the cluster
+come from the deployment spec itself, so the two never disagree.
 """
 
 from __future__ import annotations

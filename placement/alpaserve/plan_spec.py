@@ -17,7 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from placement.alpaserve.paper_profiles import TABLE1_MODELS, replicate_profiles, table1_model_set, table1_profiles
 from placement.core.profiles import ProfileSet
 from placement.core.deployment_spec import ClusterSpec, format_validation_error
-from placement.core.workload import GammaProcess, ModelTraffic, PoissonProcess, Workload, generate_workload, power_law_popularity, uniform_popularity
+from placement.core.workload import (
+    GammaProcess, ModelTraffic, PoissonProcess, Workload, generate_workload, power_law_popularity, uniform_popularity,
+)
 
 logger = logging.getLogger(__name__)
 

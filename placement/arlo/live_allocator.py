@@ -12,9 +12,10 @@ per `period_s` (Arlo §5: 120 s) the allocator
    (adding instances is target-tracking autoscaling's job, `placement.arlo.autoscaling`);
 3. keeps the previous counts when they are as good (Eq. 1 within `change_tolerance` of the optimum), so ties and
    an idle window never swap runtimes;
-4. maps the counts onto replica ranks changing the fewest replicas (`placement.arlo.instance_replacement.rank_assignment`, Arlo §4
-   "Instance replacement") and returns the declarative update `(num_replicas, user_config)` with the same contents
-   as `rayserve_apps.polymorph_runtime_deployment.allocation_update` (placement/ does not import rayserve_apps).
+4. maps the counts onto replica ranks changing the fewest replicas
+   (`placement.arlo.instance_replacement.rank_assignment`, Arlo §4 "Instance replacement") and returns the
+   declarative update `(num_replicas, user_config)` with the same contents as
+   `rayserve_apps.polymorph_runtime_deployment.allocation_update` (placement/ does not import rayserve_apps).
 
 Pure Python: no torch, no Ray. The decision is plain data (`AllocationDecision`), written to the decision log as is.
 """

@@ -9,8 +9,8 @@ plain-data side of that:
 * `RuntimeProfile` is one runtime's latency by batch size, its capacity within the SLO (Arlo's M_i) and the
   mean-latency mapping from per-instance load to latency (Arlo's L_i in Eq. 1).
 
-Pure Python: the measurements come from `models.runtimes.static_runtime` (torch) or from the paper-shaped reproduction profiles
-in `placement.arlo.paper_profiles`.
+Pure Python: the measurements come from `models.runtimes.static_runtime` (torch) or from the paper-shaped
+reproduction profiles in `placement.arlo.paper_profiles`.
 """
 
 from __future__ import annotations

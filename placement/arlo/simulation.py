@@ -3,10 +3,11 @@
 Instances execute one request at a time (Arlo serves with a fixed batch of 1), first come first served, each on
 the runtime it is allocated; a request costs its runtime's latency (a static runtime's, padded to its max length,
 or the dynamic runtime's at the request's own length) plus a fixed per-request overhead (Arlo §5.2.1: 0.8 ms). A
-dispatch policy from `placement.arlo.request_scheduler` picks the instance at arrival and is told of every completion, so
-the congestion it sees is exactly the outstanding requests. Every `period_s` the Runtime Scheduler re-solves the
+dispatch policy from `placement.arlo.request_scheduler` picks the instance at arrival and is told of every completion,
+so the congestion it sees is exactly the outstanding requests. Every `period_s` the Runtime Scheduler re-solves the
 allocation from the lengths seen in the last period (`placement.arlo.runtime_allocation`) and the fewest instances
-switch runtime (`placement.arlo.instance_replacement`); a switching instance finishes its queue on the old runtime first.
+switch runtime (`placement.arlo.instance_replacement`); a switching instance finishes its queue on the old runtime
+first.
 
 Schemes (Arlo §5): ``arlo`` (Eq. 1-7 + Alg. 1), ``ilb`` and ``ig`` (Eq. 1-7 + the §5.2.3 dispatch baselines),
 ``st`` (every instance on the longest static runtime), ``dt`` (every instance on the dynamic runtime), and

@@ -186,7 +186,8 @@ class DeploymentSpec(_Strict):
     planning: dict[str, Any] | None = Field(
         default=None,
         description=(
-            "Used when `placement` is absent: profiles, workload and planner knobs (placement/alpaserve/deployment_planning.py); "
+            "Used when `placement` is absent: profiles, workload and planner knobs "
+            "(placement/alpaserve/deployment_planning.py); "
             "the app builder plans the placement with AlpaServe's planner before deploying."
         ),
     )
