@@ -183,11 +183,21 @@ def test_deterministic_and_summary():
     assert "SLO attainment" in first.describe()
 
 
-def test_utilization_is_bounded():
+def test_utilization_counts_every_served_request_and_is_bounded():
     placement, profs, workload = two_group_case(duration_s=100.0)
-    util = simulate(placement, profs, workload).utilization(bin_s=10.0)
+    result = simulate(placement, profs, workload)
+    bin_s = 10.0
+    util = result.utilization(bin_s=bin_s)
     assert util.shape[0] == 2
     assert np.all(util >= 0) and util.max() <= 1.0 + 0.2  # start-bin attribution may spill a little over a bin
+    # Unbatched, a served request keeps its group's devices busy for its model's single-device latency in total
+    # (stages x per-stage latency, intra-op degree 1), so the bins add up to exactly that work.
+    latency_s = np.array([0.1, 0.2, 0.15])[workload.model]
+    done = (result.status == SERVED) | (result.status == LATE)
+    expected = np.bincount(result.group[done], weights=latency_s[done], minlength=2)
+    assert expected.min() > 0
+    assert (util * bin_s * np.array([[2], [1]])).sum(axis=1) == pytest.approx(expected)
+    assert result.group_busy_seconds() == pytest.approx(expected)
 
 
 def test_dispatch_policies_by_name_and_their_decisions():
