@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import namedtuple
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
@@ -166,11 +167,70 @@ def build_tables(groups: Sequence[GroupSpec], cache: LatencyCache, model_names: 
 
 
 # ------------------------------------------------------------------------------------------------- kernels
+# The kernel keeps its state in a few arrays with named rows or columns (arrays passed inside tuples, or through
+# many small inlined helpers, cost numba reference counting on every use: several times the simulation itself):
+#   times  float64[4, N]   per request: arrival, deadline, start of the first stage, finish
+#   ids    int64[8, N]     per request: model, group, batch size, status, and its successor in three lists
+#   groups int64[G, 8]     per group: ends and length of its queue and of its started list, stages, intra-op degree
+#   stage_free float64[G, K], busy float64[G], model_queue int64[G, M, 2] (head, tail of one model's queue)
+# plus the latency table, the routing table (host_ptr, host_groups, turn) and `_KernelKnobs` (scalars only).
+ARRIVAL, DEADLINE, START, FINISH = range(4)
+_TIME_FIELDS = 4
+# The lists: a group's queued requests in arrival order, the queued requests of one (group, model) from which
+# batches are cut, and a group's started, unfinished requests (finish times ascend); TAKEN marks a queued request
+# already batched or dropped (it leaves the arrival-order list lazily).
+MODEL, GROUP, BATCH, STATUS, NEXT_QUEUED, NEXT_OF_MODEL, NEXT_STARTED, TAKEN = range(8)
+_ID_FIELDS = 8
+QHEAD, QTAIL, QUEUED, FHEAD, FTAIL, INFLIGHT, NUM_STAGES, INTRA_OP = range(8)
+_GROUP_FIELDS = 8
+_KernelKnobs = namedtuple("_KernelKnobs", ["policy", "admission", "max_batch", "request_overhead", "response_overhead"])
+
+
+@dataclass
+class _KernelArrays:
+    """Everything the kernels read and write, built from a workload and the tables."""
+
+    times: np.ndarray
+    ids: np.ndarray
+    groups: np.ndarray
+    stage_free: np.ndarray
+    busy: np.ndarray
+    model_queue: np.ndarray
+    turn: np.ndarray
+
+    @classmethod
+    def build(cls, workload: Workload, tables: _Tables) -> "_KernelArrays":
+        n, num_groups, num_models = len(workload), len(tables.num_stages), len(tables.host_ptr) - 1
+        times = np.empty((_TIME_FIELDS, n))
+        times[ARRIVAL] = workload.arrival_s
+        np.add(workload.arrival_s, workload.slo_s, out=times[DEADLINE])
+        ids = np.empty((_ID_FIELDS, n), np.int64)  # the kernels write every other field of every request
+        ids[MODEL] = workload.model
+        ids[BATCH] = 1
+        groups = np.full((num_groups, _GROUP_FIELDS), -1, np.int64)
+        groups[:, QUEUED] = 0
+        groups[:, INFLIGHT] = 0
+        groups[:, NUM_STAGES] = tables.num_stages
+        groups[:, INTRA_OP] = tables.intra_op
+        return cls(times, ids, groups, np.zeros((num_groups, tables.latency.shape[3])), np.zeros(num_groups),
+                   np.full((num_groups, num_models, 2), -1, np.int64), np.zeros(num_models, np.int64))
+
+    def result(self, workload: Workload, tables: _Tables) -> "SimulationResult":
+        return SimulationResult(workload, self.times[START], self.times[FINISH], self.ids[GROUP],
+                                self.ids[STATUS].astype(np.int8), self.ids[BATCH], tables, self.busy)
+
+
+def _kernel_knobs(config: SimulatorConfig, max_batch: int) -> tuple:
+    return _KernelKnobs(int(getattr(config.dispatch, "kernel_code", 0)),
+                        bool(getattr(config.dispatch, "slo_admission", True)), int(max_batch),
+                        float(config.request_overhead_s), float(config.response_overhead_s))
+
+
 @njit(cache=True)
 def _pipeline_finish(latency, stage_free, num_stages, g, m, b, enter_s):
     """Finish time of a batch of b entering group g's pipeline at enter_s (stage k starts when k is free)."""
     time = enter_s
-    for k in range(num_stages[g]):
+    for k in range(num_stages):
         if stage_free[g, k] > time:
             time = stage_free[g, k]
         time += latency[g, m, b, k]
@@ -182,7 +242,7 @@ def _pipeline_run(latency, stage_free, num_stages, g, m, b, enter_s):
     """Run a batch through group g's pipeline, occupying every stage; returns (start of stage 0, finish)."""
     time = enter_s
     start = enter_s
-    for k in range(num_stages[g]):
+    for k in range(num_stages):
         if stage_free[g, k] > time:
             time = stage_free[g, k]
         if k == 0:
@@ -193,230 +253,171 @@ def _pipeline_run(latency, stage_free, num_stages, g, m, b, enter_s):
 
 
 @njit(cache=True)
-def _kernel_unbatched(arrival, model, deadline, host_ptr, host_groups, latency, num_stages, policy, admission,
-                      request_overhead, response_overhead, intra_op, start, finish, group_out, status, busy):
-    n = arrival.shape[0]
-    num_groups = num_stages.shape[0]
-    stage_free = np.zeros((num_groups, latency.shape[3]))
-    in_system = np.zeros(num_groups, np.int64)
-    head = np.full(num_groups, -1, np.int64)  # oldest unfinished request of each group (finish times ascend)
-    tail = np.full(num_groups, -1, np.int64)
-    nxt = np.full(n, -1, np.int64)
-    turn = np.zeros(host_ptr.shape[0], np.int64)
-    for i in range(n):
-        t = arrival[i]
-        m = model[i]
-        lo = host_ptr[m]
-        hi = host_ptr[m + 1]
-        if lo == hi:
-            status[i] = UNPLACED
-            group_out[i] = -1
-            start[i] = np.nan
-            finish[i] = np.nan
-            continue
-        enter = t + request_overhead
-        best = -1
-        if policy == KERNEL_ROUND_ROBIN:  # round robin
-            best = host_groups[lo + turn[m] % (hi - lo)]
-            turn[m] += 1
+def _not_run(i, status, times, ids):
+    """Request i ends without running (unplaced or rejected)."""
+    ids[STATUS, i] = status
+    ids[GROUP, i] = -1
+    times[START, i] = np.nan
+    times[FINISH, i] = np.nan
+
+
+@njit(cache=True, inline="always")
+def _start_batch(g, m, size, enter, head, times, ids, groups, stage_free, busy, latency, knobs):
+    """Run the `size` requests of model m that follow each other from `head` (NEXT_OF_MODEL links) as one batch
+    through group g's pipeline from `enter`: occupy its stages, charge its device time, record each request's
+    start, finish (response overhead included), batch size and status, and append it to the group's started
+    list. Returns the request after the batch (meaningless for an unqueued request, whose link is never set)."""
+    s, f = _pipeline_run(latency, stage_free, groups[g, NUM_STAGES], g, m, size, enter)
+    for k in range(groups[g, NUM_STAGES]):
+        busy[g] += latency[g, m, size, k] * groups[g, INTRA_OP]
+    f += knobs.response_overhead
+    r = head
+    for _ in range(size):
+        following = ids[NEXT_OF_MODEL, r]
+        times[START, r] = s
+        times[FINISH, r] = f
+        ids[BATCH, r] = size
+        ids[STATUS, r] = SERVED if f <= times[DEADLINE, r] else LATE
+        if groups[g, FTAIL] == -1:
+            groups[g, FHEAD] = r
         else:
-            best_key = np.inf
-            for j in range(lo, hi):
-                g = host_groups[j]
-                h = head[g]
-                while h != -1 and finish[h] <= t:
-                    h = nxt[h]
-                    in_system[g] -= 1
-                head[g] = h
-                if h == -1:
-                    tail[g] = -1
-                if policy == KERNEL_EARLIEST_FINISH:
-                    key = _pipeline_finish(latency, stage_free, num_stages, g, m, 1, enter)
-                else:
-                    key = float(in_system[g])
-                if key < best_key:
-                    best_key = key
-                    best = g
-        g = best
-        predicted = _pipeline_finish(latency, stage_free, num_stages, g, m, 1, enter) + response_overhead
-        if admission and predicted > deadline[i]:
-            status[i] = REJECTED
-            group_out[i] = -1
-            start[i] = np.nan
-            finish[i] = np.nan
-            continue
-        group_out[i] = g
-        s, f = _pipeline_run(latency, stage_free, num_stages, g, m, 1, enter)
-        for k in range(num_stages[g]):
-            busy[g] += latency[g, m, 1, k] * intra_op[g]
-        start[i] = s
-        finish[i] = f + response_overhead
-        status[i] = SERVED if finish[i] <= deadline[i] else LATE
-        if tail[g] == -1:
-            head[g] = i
-        else:
-            nxt[tail[g]] = i
-        tail[g] = i
-        in_system[g] += 1
+            ids[NEXT_STARTED, groups[g, FTAIL]] = r
+        groups[g, FTAIL] = r
+        ids[NEXT_STARTED, r] = -1
+        groups[g, INFLIGHT] += 1
+        r = following
+    return r
 
 
 @njit(cache=True)
-def _advance_group(g, t, arrival, model, deadline, latency, num_stages, max_batch, request_overhead,
-                   response_overhead, stage_free, ghead, gtail, gnext, qhead, qtail, qnext, taken, queued,
-                   fhead, ftail, fnext, inflight, intra_op, start, finish, status, batch_out, busy):
-    """Start every batch of group g whose start time is <= t (AlpaServe §6.5 batching, FCFS across models).
-
-    Queued requests sit in two lists: the group's, in arrival order (its head is the oldest queued request), and
-    one per (group, model) from which batches are cut; `taken` marks requests already batched or dropped."""
-    while queued[g] > 0:
-        h = ghead[g]  # the oldest queued request: its model goes next
-        m = model[h]
-        enter = arrival[h] + request_overhead
+def _advance_group(g, t, times, ids, groups, stage_free, busy, model_queue, latency, knobs):
+    """Start every batch of group g whose start time is <= t (AlpaServe §6.5 batching, FCFS across models,
+    `MaxBatchWithinSLO`): the oldest queued request's model goes next, with the longest prefix of that model's
+    queue whose finish meets every deadline in it; a head that misses its deadline even alone is dropped."""
+    while groups[g, QUEUED] > 0:
+        h = groups[g, QHEAD]
+        m = ids[MODEL, h]
+        enter = times[ARRIVAL, h] + knobs.request_overhead
         if stage_free[g, 0] > enter:
             enter = stage_free[g, 0]
         if enter > t:
             return
-        # MaxBatchWithinSLO: the longest prefix whose finish meets every deadline in it.
         size = 0
         earliest = np.inf
         r = h
-        while r != -1 and size < max_batch and arrival[r] + request_overhead <= enter:
-            d = deadline[r] if deadline[r] < earliest else earliest
-            if _pipeline_finish(latency, stage_free, num_stages, g, m, size + 1, enter) + response_overhead > d:
+        while r != -1 and size < knobs.max_batch and times[ARRIVAL, r] + knobs.request_overhead <= enter:
+            d = times[DEADLINE, r] if times[DEADLINE, r] < earliest else earliest
+            finish = _pipeline_finish(latency, stage_free, groups[g, NUM_STAGES], g, m, size + 1, enter)
+            if finish + knobs.response_overhead > d:
                 break
             earliest = d
             size += 1
-            r = qnext[r]
-        if size == 0:  # even alone the head misses its deadline: drop it
-            status[h] = REJECTED
-            start[h] = np.nan
-            finish[h] = np.nan
-            r = qnext[h]
-            taken[h] = True
+            r = ids[NEXT_OF_MODEL, r]
+        if size == 0:
+            ids[STATUS, h] = REJECTED
+            times[START, h] = np.nan
+            times[FINISH, h] = np.nan
+            r = ids[NEXT_OF_MODEL, h]
+            ids[TAKEN, h] = 1
             removed = 1
         else:
-            s, f = _pipeline_run(latency, stage_free, num_stages, g, m, size, enter)
-            for k in range(num_stages[g]):
-                busy[g] += latency[g, m, size, k] * intra_op[g]
-            f += response_overhead
-            r = h
+            r = _start_batch(g, m, size, enter, h, times, ids, groups, stage_free, busy, latency, knobs)
+            taken = h
             for _ in range(size):
-                following = qnext[r]
-                start[r] = s
-                finish[r] = f
-                batch_out[r] = size
-                status[r] = SERVED if f <= deadline[r] else LATE
-                taken[r] = True
-                if ftail[g] == -1:
-                    fhead[g] = r
-                else:
-                    fnext[ftail[g]] = r
-                ftail[g] = r
-                fnext[r] = -1
-                r = following
-            inflight[g] += size
+                ids[TAKEN, taken] = 1
+                taken = ids[NEXT_OF_MODEL, taken]
             removed = size
-        qhead[g, m] = r
+        model_queue[g, m, 0] = r
         if r == -1:
-            qtail[g, m] = -1
-        queued[g] -= removed
-        head = ghead[g]
-        while head != -1 and taken[head]:
-            head = gnext[head]
-        ghead[g] = head
+            model_queue[g, m, 1] = -1
+        groups[g, QUEUED] -= removed
+        head = groups[g, QHEAD]
+        while head != -1 and ids[TAKEN, head]:
+            head = ids[NEXT_QUEUED, head]
+        groups[g, QHEAD] = head
         if head == -1:
-            gtail[g] = -1
+            groups[g, QTAIL] = -1
 
 
 @njit(cache=True)
-def _kernel_batched(arrival, model, deadline, host_ptr, host_groups, latency, num_stages,
-                    policy, admission, max_batch, request_overhead, response_overhead, intra_op,
-                    start, finish, group_out, status, batch_out, busy):
-    n = arrival.shape[0]
-    num_groups = num_stages.shape[0]
-    num_models = host_ptr.shape[0] - 1
-    stage_free = np.zeros((num_groups, latency.shape[3]))
-    ghead = np.full(num_groups, -1, np.int64)
-    gtail = np.full(num_groups, -1, np.int64)
-    gnext = np.full(n, -1, np.int64)
-    qhead = np.full((num_groups, num_models), -1, np.int64)
-    qtail = np.full((num_groups, num_models), -1, np.int64)
-    qnext = np.full(n, -1, np.int64)
-    taken = np.zeros(n, np.bool_)
-    queued = np.zeros(num_groups, np.int64)
-    fhead = np.full(num_groups, -1, np.int64)  # started, unfinished requests (finish times ascend)
-    ftail = np.full(num_groups, -1, np.int64)
-    fnext = np.full(n, -1, np.int64)
-    inflight = np.zeros(num_groups, np.int64)
-    turn = np.zeros(num_models, np.int64)
-    for i in range(n):
-        t = arrival[i]
-        m = model[i]
+def _enqueue(i, g, m, ids, groups, model_queue):
+    """Queue request i at group g: at the end of the group's list and of its model's list there."""
+    ids[NEXT_QUEUED, i] = -1
+    ids[NEXT_OF_MODEL, i] = -1
+    ids[TAKEN, i] = 0
+    if model_queue[g, m, 1] == -1:
+        model_queue[g, m, 0] = i
+    else:
+        ids[NEXT_OF_MODEL, model_queue[g, m, 1]] = i
+    model_queue[g, m, 1] = i
+    if groups[g, QTAIL] == -1:
+        groups[g, QHEAD] = i
+    else:
+        ids[NEXT_QUEUED, groups[g, QTAIL]] = i
+    groups[g, QTAIL] = i
+    groups[g, QUEUED] += 1
+
+
+@njit(cache=True)
+def _kernel(times, ids, groups, stage_free, busy, model_queue, host_ptr, host_groups, turn, latency, knobs, batching):
+    """Every request in arrival order: dispatch to a group hosting its model (AlpaServe §4.3: the shortest queue,
+    counting queued and started, unfinished requests; the earliest finish; or round robin), SLO admission (run
+    alone from now, would it finish by its deadline?), then straight into the group's pipeline, or, with
+    `batching`, into the group's queue, from which `_advance_group` cuts batches. One kernel for both, so the
+    dispatch and admission are written once; the helpers it calls are the ones the hot loop can afford (a call
+    passes every array argument, an inlined one costs reference counting)."""
+    for i in range(times.shape[1]):
+        t = times[ARRIVAL, i]
+        m = ids[MODEL, i]
         lo = host_ptr[m]
         hi = host_ptr[m + 1]
         if lo == hi:
-            status[i] = UNPLACED
-            group_out[i] = -1
-            start[i] = np.nan
-            finish[i] = np.nan
+            _not_run(i, UNPLACED, times, ids)
             continue
-        enter = t + request_overhead
+        enter = t + knobs.request_overhead
         best = -1
         best_key = np.inf
         for j in range(lo, hi):
             g = host_groups[j]
-            if queued[g] > 0:
-                ready = arrival[ghead[g]] + request_overhead
+            if batching and groups[g, QUEUED] > 0:  # start the batches due by t, so the queue is current
+                ready = times[ARRIVAL, groups[g, QHEAD]] + knobs.request_overhead
                 if stage_free[g, 0] > ready:
                     ready = stage_free[g, 0]
                 if ready <= t:
-                    _advance_group(g, t, arrival, model, deadline, latency, num_stages, max_batch, request_overhead,
-                                   response_overhead, stage_free, ghead, gtail, gnext, qhead, qtail, qnext, taken,
-                                   queued, fhead, ftail, fnext, inflight, intra_op, start, finish, status, batch_out,
-                                   busy)
-            h = fhead[g]
-            while h != -1 and finish[h] <= t:
-                h = fnext[h]
-                inflight[g] -= 1
-            fhead[g] = h
+                    _advance_group(g, t, times, ids, groups, stage_free, busy, model_queue, latency, knobs)
+            h = groups[g, FHEAD]  # retire the started requests finished by t
+            while h != -1 and times[FINISH, h] <= t:
+                h = ids[NEXT_STARTED, h]
+                groups[g, INFLIGHT] -= 1
+            groups[g, FHEAD] = h
             if h == -1:
-                ftail[g] = -1
-            if policy == KERNEL_ROUND_ROBIN:
+                groups[g, FTAIL] = -1
+            if knobs.policy == KERNEL_ROUND_ROBIN:
                 continue
-            if policy == KERNEL_EARLIEST_FINISH:
-                key = _pipeline_finish(latency, stage_free, num_stages, g, m, 1, enter)
+            if knobs.policy == KERNEL_EARLIEST_FINISH:
+                key = _pipeline_finish(latency, stage_free, groups[g, NUM_STAGES], g, m, 1, enter)
             else:
-                key = float(queued[g] + inflight[g])
+                key = float(groups[g, QUEUED] + groups[g, INFLIGHT])
             if key < best_key:
                 best_key = key
                 best = g
-        if policy == KERNEL_ROUND_ROBIN:
+        if knobs.policy == KERNEL_ROUND_ROBIN:
             best = host_groups[lo + turn[m] % (hi - lo)]
             turn[m] += 1
         g = best
-        predicted = _pipeline_finish(latency, stage_free, num_stages, g, m, 1, enter) + response_overhead
-        if admission and predicted > deadline[i]:
-            status[i] = REJECTED
-            group_out[i] = -1
-            start[i] = np.nan
-            finish[i] = np.nan
+        if knobs.admission:
+            alone = _pipeline_finish(latency, stage_free, groups[g, NUM_STAGES], g, m, 1, enter)
+            if alone + knobs.response_overhead > times[DEADLINE, i]:
+                _not_run(i, REJECTED, times, ids)
+                continue
+        ids[GROUP, i] = g
+        if batching:
+            _enqueue(i, g, m, ids, groups, model_queue)
             continue
-        group_out[i] = g
-        if qtail[g, m] == -1:
-            qhead[g, m] = i
-        else:
-            qnext[qtail[g, m]] = i
-        qtail[g, m] = i
-        if gtail[g] == -1:
-            ghead[g] = i
-        else:
-            gnext[gtail[g]] = i
-        gtail[g] = i
-        queued[g] += 1
-    for g in range(num_groups):
-        _advance_group(g, np.inf, arrival, model, deadline, latency, num_stages, max_batch, request_overhead,
-                       response_overhead, stage_free, ghead, gtail, gnext, qhead, qtail, qnext, taken, queued,
-                       fhead, ftail, fnext, inflight, intra_op, start, finish, status, batch_out, busy)
+        _start_batch(g, m, 1, enter, i, times, ids, groups, stage_free, busy, latency, knobs)  # a batch of one
+    if batching:
+        for g in range(groups.shape[0]):
+            _advance_group(g, np.inf, times, ids, groups, stage_free, busy, model_queue, latency, knobs)
 
 
 # ------------------------------------------------------------------------------------- reference engine
@@ -443,7 +444,7 @@ class _ReferenceEngine:
         self.queues: list[dict[int, list[int]]] = [{} for _ in range(num_groups)]  # per model FIFO
 
     def _finish(self, g: int, m: int, b: int, enter: float) -> float:
-        return float(_pipeline_finish(self.t.latency, self.stage_free, self.t.num_stages, g, m, b, enter))
+        return float(_pipeline_finish(self.t.latency, self.stage_free, self.t.num_stages[g], g, m, b, enter))
 
     def _retire(self, g: int, now: float) -> None:
         done = self.unfinished[g]
@@ -483,7 +484,7 @@ class _ReferenceEngine:
             if batching:
                 self.queues[g].setdefault(m, []).append(i)
                 continue
-            s, f = _pipeline_run(t.latency, self.stage_free, t.num_stages, g, m, 1, enter)
+            s, f = _pipeline_run(t.latency, self.stage_free, t.num_stages[g], g, m, 1, enter)
             self.start[i], self.finish[i] = s, f + cfg.response_overhead_s
             self.status[i] = SERVED if self.finish[i] <= deadline else LATE
             self.unfinished[g].append(i)
@@ -510,7 +511,7 @@ class _ReferenceEngine:
                 queue.pop(0)
                 self.status[head] = REJECTED
                 continue
-            s, f = _pipeline_run(t.latency, self.stage_free, t.num_stages, g, m, size, enter)
+            s, f = _pipeline_run(t.latency, self.stage_free, t.num_stages[g], g, m, size, enter)
             f += cfg.response_overhead_s
             for r in queue[:size]:
                 self.start[r], self.finish[r], self.batch[r] = s, f, size
@@ -672,33 +673,17 @@ def simulate_groups(groups: Sequence[GroupSpec], cache: LatencyCache, workload: 
     tables = build_tables(groups, cache, names)
     if cache.max_batch_size > max_batch:
         tables.latency = np.ascontiguousarray(tables.latency[:, :, : max_batch + 1])
-    n = len(workload)
     kernel_code = getattr(config.dispatch, "kernel_code", None)
-    compiled = (not reference and kernel_code is not None and type(config.dispatch).__module__ == "placement.alpaserve.dispatch"
+    compiled = (not reference and kernel_code is not None
+                and type(config.dispatch).__module__ == ShortestQueueDispatch.__module__
                 and (config.batching is None or isinstance(config.batching, MaxBatchWithinSLO)))
     if not compiled:
         engine = _ReferenceEngine(tables, groups, names, config, workload, max_batch)
         engine.run()
         return SimulationResult(workload, engine.start, engine.finish, engine.group, engine.status, engine.batch, tables)
-    start = np.empty(n)
-    finish = np.empty(n)
-    group = np.full(n, -1, dtype=np.int64)
-    status = np.zeros(n, dtype=np.int8)
-    batch = np.ones(n, dtype=np.int64)
-    busy = np.zeros(len(groups))
-    deadline = workload.arrival_s + workload.slo_s
-    admission = bool(getattr(config.dispatch, "slo_admission", True))
-    model = workload.model.astype(np.int64)
-    if config.batching is None:
-        _kernel_unbatched(workload.arrival_s, model, deadline, tables.host_ptr, tables.host_groups,
-                          tables.latency, tables.num_stages, kernel_code, admission,
-                          config.request_overhead_s, config.response_overhead_s, tables.intra_op, start, finish, group,
-                          status, busy)
-    else:
-        start[:] = np.nan
-        finish[:] = np.nan
-        _kernel_batched(workload.arrival_s, model, deadline, tables.host_ptr, tables.host_groups, tables.latency,
-                        tables.num_stages, kernel_code, admission, max_batch,
-                        config.request_overhead_s, config.response_overhead_s, tables.intra_op, start, finish, group,
-                        status, batch, busy)
-    return SimulationResult(workload, start, finish, group, status, batch, tables, busy)
+    arrays = _KernelArrays.build(workload, tables)
+    knobs = _kernel_knobs(config, max_batch)
+    a = arrays
+    _kernel(a.times, a.ids, a.groups, a.stage_free, a.busy, a.model_queue, tables.host_ptr, tables.host_groups, a.turn,
+            tables.latency, knobs, config.batching is not None)
+    return arrays.result(workload, tables)
