@@ -163,7 +163,8 @@ def measured_profiles(service_s: dict[str, float], weight_bytes: int):
 
 
 def make_trace(total_rate: float, duration_s: float, slo_s: float, seed: int):
-    from placement.core.workload import GammaProcess, ModelTraffic, Workload, generate_workload
+    from placement.core.arrivals import GammaProcess
+    from placement.core.workload import ModelTraffic, Workload, generate_workload
 
     half = duration_s / 2
     parts = [generate_workload(MODELS, [ModelTraffic(GammaProcess(total_rate * share, TRACE_CV), slo_s) for share in shares],

@@ -36,7 +36,7 @@ from placement.arlo.runtimes import RuntimeProfile, RuntimeProfileSet, choose_ru
 from placement.arlo.request_scheduler import ArloDispatch  # noqa: E402
 from placement.arlo.simulation import SCHEMES, simulate  # noqa: E402
 from placement.arlo.runtime_allocation import allocation_lower_bounds, solve_allocation  # noqa: E402
-from placement.core.workload import MarkovModulatedProcess, PoissonProcess  # noqa: E402
+from placement.core.arrivals import MarkovModulatedProcess, PoissonProcess  # noqa: E402
 
 log = setup_logging("polymorphing")
 

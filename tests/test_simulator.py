@@ -11,7 +11,8 @@ from placement.alpaserve.dispatch import EarliestFinishDispatch, GroupView, Roun
 from placement.core.placement_plan import GroupPlacement, Placement
 from placement.core.profiles import ConfigProfile, ModelProfile, ParallelConfig, ProfileSet, StageProfile
 from placement.alpaserve.simulator import LATE, REJECTED, SERVED, UNPLACED, SimulatorConfig, simulate
-from placement.core.workload import PoissonProcess, GammaProcess, ModelTraffic, Workload, generate_workload
+from placement.core.arrivals import PoissonProcess, GammaProcess
+from placement.core.workload import ModelTraffic, Workload, generate_workload
 
 GB = 10**9
 

@@ -6,7 +6,7 @@ import pytest
 
 from placement.core.traces import (fit_gamma_windows, function_to_model, load_maf2019, load_maf2021, load_trace,
                               trace_workload)
-from placement.core.workload import GammaProcess
+from placement.core.arrivals import GammaProcess
 
 
 def write_maf2019(path, counts):

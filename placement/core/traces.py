@@ -22,7 +22,8 @@ from typing import Literal, Sequence
 
 import numpy as np
 
-from placement.core.workload import GammaProcess, Workload
+from placement.core.arrivals import GammaProcess
+from placement.core.workload import Workload
 
 logger = logging.getLogger(__name__)
 

@@ -16,6 +16,7 @@ import math
 import random
 from dataclasses import dataclass, field
 
+from placement.core.arrivals import poisson_arrivals
 from placement.otas.adaptive_batching import OtasRequest
 from placement.otas.profile import OtasProfile
 from placement.otas.replica_scheduler import OtasScheduler, UtilityLedger
@@ -42,11 +43,7 @@ def fluctuating_poisson_trace(rates_rps: list[float], query_types: list[QueryTyp
     rng = random.Random(seed)
     trace = []
     for second, rate in enumerate(rates_rps):
-        t = float(second)
-        while rate > 0:
-            t += rng.expovariate(rate)
-            if t >= second + 1:
-                break
+        for t in poisson_arrivals(rate, float(second), second + 1.0, rng):
             trace.append(TraceQuery(t, rng.choice(query_types), rng.random()))
     return trace
 
