@@ -22,6 +22,8 @@ from typing import Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from placement.core.latency_table import LatencyTable, table_latency_s
+
 #: Arlo §3.3: "Within each 64 length step, the latency change is tiny, usually less than 5%".
 DEFAULT_STEP_TOLERANCE = 0.05
 
@@ -79,26 +81,19 @@ class RuntimeProfile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_length_tokens: int = Field(ge=1, description="Longest request (tokens, specials included) the runtime accepts.")
-    batch_latency_s: dict[int, float] = Field(description="Batch size -> seconds one padded batch takes.")
+    batch_latency_s: LatencyTable = Field(description="Batch size -> seconds one padded batch takes.")
     max_batch_size: int = Field(ge=1, description="Batch size the runtime is compiled for (Arlo: fixed and small).")
     slo_s: float = Field(gt=0, description="Latency objective of the request stream, in seconds.")
 
     @model_validator(mode="after")
     def _check(self) -> "RuntimeProfile":
-        if not self.batch_latency_s:
-            raise ValueError("batch_latency_s needs at least one batch size")
-        for batch, seconds in self.batch_latency_s.items():
-            if batch < 1 or seconds <= 0:
-                raise ValueError(f"batch_latency_s[{batch}]={seconds}: batch sizes >= 1 and latencies > 0")
         if self.max_batch_size not in self.batch_latency_s:
             raise ValueError(f"max_batch_size {self.max_batch_size} has no entry in batch_latency_s")
         return self
 
     def batch_latency(self, batch_size: float) -> float:
         """Latency of one batch, linearly interpolated between profiled sizes and kept non-decreasing."""
-        sizes = sorted(self.batch_latency_s)
-        values = np.maximum.accumulate([self.batch_latency_s[s] for s in sizes])
-        return float(np.interp(batch_size, sizes, values))
+        return float(table_latency_s(self.batch_latency_s, batch_size, beyond="flat", monotone=True))
 
     @property
     def capacity_requests(self) -> int:

@@ -14,6 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from placement.core.latency_table import LatencyTable, table_latency_s
+
 
 class ParallelConfig(BaseModel):
     """How one model is split over a device group: `pipeline_stages` stages of `intra_op_degree` devices each."""
@@ -36,35 +38,12 @@ class StageProfile(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    latency_s: dict[int, float] = Field(description="Batch size -> seconds the stage takes for one batch.")
+    latency_s: LatencyTable = Field(description="Batch size -> seconds the stage takes for one batch.")
     weight_bytes_per_device: int = Field(ge=0, description="Weight memory of this stage on each of its devices, in bytes.")
-
-    @model_validator(mode="after")
-    def _check(self) -> "StageProfile":
-        if not self.latency_s:
-            raise ValueError("latency_s needs at least one batch size")
-        for batch, seconds in self.latency_s.items():
-            if batch < 1 or seconds <= 0:
-                raise ValueError(f"latency_s[{batch}]={seconds}: batch sizes >= 1 and latencies > 0")
-        return self
 
     def latency(self, batch_size: int) -> float:
         """Latency of one batch; between profiled sizes linear interpolation, beyond the largest linear extrapolation."""
-        sizes = sorted(self.latency_s)
-        if batch_size in self.latency_s:
-            return self.latency_s[batch_size]
-        if batch_size < sizes[0]:
-            return self.latency_s[sizes[0]]
-        for low, high in zip(sizes, sizes[1:]):
-            if low < batch_size < high:
-                frac = (batch_size - low) / (high - low)
-                return self.latency_s[low] + frac * (self.latency_s[high] - self.latency_s[low])
-        last = sizes[-1]
-        if len(sizes) == 1:
-            return self.latency_s[last] * batch_size / last
-        prev = sizes[-2]
-        slope = (self.latency_s[last] - self.latency_s[prev]) / (last - prev)
-        return self.latency_s[last] + slope * (batch_size - last)
+        return table_latency_s(self.latency_s, batch_size, beyond="last_slope")
 
 
 class ConfigProfile(BaseModel):

@@ -11,11 +11,12 @@ instead; measuring whole batches keeps the batching gain of Fig. 7), and extrapo
 
 from __future__ import annotations
 
-import bisect
 import json
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from placement.core.latency_table import LatencyTable, table_latency_s
 
 
 class OtasProfile(BaseModel):
@@ -27,7 +28,7 @@ class OtasProfile(BaseModel):
     device: str = Field(description="The device the latencies were measured on.")
     gamma_list: list[int] = Field(min_length=1, description="The configured gammas (tokens per layer: <0 merge, >0 prompts).")
     batch_sizes: list[int] = Field(min_length=1, description="Measured batch sizes, ascending.")
-    latency_s: dict[int, dict[int, float]] = Field(description="gamma -> batch size -> forward latency of one batch, in seconds.")
+    latency_s: dict[int, LatencyTable] = Field(description="gamma -> batch size -> forward latency of one batch, in seconds.")
     accuracy: dict[str, dict[int, float]] = Field(description="task id -> gamma -> held-out accuracy in [0, 1].")
     model_load_s: float | None = Field(default=None, ge=0, description="Measured time to load the model weights from disk, in seconds.")
 
@@ -53,16 +54,7 @@ class OtasProfile(BaseModel):
             raise ValueError(f"gamma {gamma} is not profiled; profiled gammas: {self.gamma_list}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        table = self.latency_s[gamma]
-        sizes = self.batch_sizes
-        if batch_size <= sizes[0]:
-            return table[sizes[0]]
-        if batch_size >= sizes[-1]:
-            return table[sizes[-1]] * batch_size / sizes[-1]
-        hi = bisect.bisect_left(sizes, batch_size)
-        lo_size, hi_size = sizes[hi - 1], sizes[hi]
-        weight = (batch_size - lo_size) / (hi_size - lo_size)
-        return table[lo_size] * (1 - weight) + table[hi_size] * weight
+        return table_latency_s(self.latency_s[gamma], batch_size, beyond="per_sample")
 
     def task_accuracy(self, task_id: str, gamma: int) -> float:
         if task_id not in self.accuracy:
