@@ -165,6 +165,8 @@ def test_placement_core_imports_no_system_package_and_systems_not_each_other():
         targets = top[name] | nested[name]
         if name.startswith("placement.core"):
             assert not [t for t in targets if t.startswith(SYSTEM_PACKAGES)], name
+        if name.startswith("placement.sim"):  # the simulation contract stands alone
+            assert all(t.startswith("placement.sim") for t in targets), name
         for system in SYSTEM_PACKAGES:
             if name.startswith(system):
                 others = [t for t in targets if t.startswith(SYSTEM_PACKAGES) and not t.startswith(system)]

@@ -32,6 +32,7 @@ from placement.alpaserve.dispatch import (KERNEL_EARLIEST_FINISH, KERNEL_ROUND_R
 from placement.core.placement_plan import Placement
 from placement.core.profiles import ParallelConfig, ProfileSet
 from placement.core.workload import Workload
+from placement.sim.outcomes import LATE, REJECTED, SERVED, UNPLACED, RequestOutcomes
 
 try:  # numba compiles the kernels; without it they run as (slow) plain Python with the same results.
     from numba import njit
@@ -46,12 +47,8 @@ except ImportError:  # pragma: no cover - numba is a declared dependency
 
 logger = logging.getLogger(__name__)
 
-SERVED = 0  # finished within its SLO
-LATE = 1  # finished after its deadline (possible only without SLO admission)
-REJECTED = 2  # refused at admission or dropped by the batch former
-UNPLACED = 3  # no group hosts the model
-
-STATUS_NAMES = {SERVED: "served", LATE: "late", REJECTED: "rejected", UNPLACED: "unplaced"}
+# Statuses (placement.sim.outcomes): SERVED, LATE (possible only without SLO admission), REJECTED (refused at
+# admission or dropped by the batch former), UNPLACED (no group hosts the model).
 
 #: Default width of the utilisation time bins, seconds.
 DEFAULT_UTILIZATION_BIN_S = 1.0
@@ -581,6 +578,12 @@ class SimulationResult:
     def served(self) -> np.ndarray:
         return self.status == SERVED
 
+    @property
+    def outcomes(self) -> RequestOutcomes:
+        """The per-request outcomes every simulator reports (placement.sim)."""
+        deadline = self.workload.arrival_s + self.workload.slo_s
+        return RequestOutcomes(self.workload.arrival_s, deadline, self.finish_s, self.status)
+
     def slo_attainment(self) -> float:
         """Share of all requests finished within their SLO (rejected, late and unplaced count as misses)."""
         return float(self.served.mean()) if len(self.status) else 1.0
@@ -687,3 +690,17 @@ def simulate_groups(groups: Sequence[GroupSpec], cache: LatencyCache, workload: 
     _kernel(a.times, a.ids, a.groups, a.stage_free, a.busy, a.model_queue, tables.host_ptr, tables.host_groups, a.turn,
             tables.latency, knobs, config.batching is not None)
     return arrays.result(workload, tables)
+
+
+@dataclass
+class AlpaServeEngine:
+    """:func:`simulate` as a `placement.sim.SimulationEngine`."""
+
+    placement: Placement
+    profiles: ProfileSet
+    workload: Workload
+    config: SimulatorConfig | None = None
+    reference: bool = False
+
+    def run(self) -> SimulationResult:
+        return simulate(self.placement, self.profiles, self.workload, self.config, reference=self.reference)

@@ -2,7 +2,7 @@
 re-allocation, instance replacement, target-tracking autoscaling, the Request Scheduler (multi-level queue) and
 a simulation of one polymorphing request stream.
 
-Imports nothing from the other system packages.
+Builds on :mod:`placement.core` and :mod:`placement.sim`; imports no other system package.
 """
 
 from placement.arlo.runtimes import (
@@ -21,7 +21,7 @@ from placement.arlo.live_allocator import (
 from placement.arlo.request_scheduler import (
     ArloDispatchParams, MultiLevelQueue, ArloDispatch, IntraGroupLoadBalance, InterGroupGreedy, BinPackingDispatch,
 )
-from placement.arlo.simulation import SimulationResult, simulate
+from placement.arlo.simulation import SimulationResult, simulate, ArloEngine
 
 __all__ = [
     "choose_runtime_lengths", "ideal_runtime_length", "RuntimeProfile", "queueing_latency_s", "RuntimeProfileSet",
@@ -31,5 +31,5 @@ __all__ = [
     "ReplacementPlan", "plan_replacement", "rank_assignment", "AutoscalingParams", "ScalingDecision",
     "TargetTrackingAutoscaler", "Solver", "profiles_from_capacities", "LiveAllocatorParams", "AllocationDecision",
     "LiveRuntimeAllocator", "apply_scaling", "ArloDispatchParams", "MultiLevelQueue", "ArloDispatch",
-    "IntraGroupLoadBalance", "InterGroupGreedy", "BinPackingDispatch", "SimulationResult", "simulate",
+    "IntraGroupLoadBalance", "InterGroupGreedy", "BinPackingDispatch", "SimulationResult", "simulate", "ArloEngine",
 ]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
@@ -27,6 +27,7 @@ from placement.arlo.runtimes import RuntimeProfileSet
 from placement.arlo.request_scheduler import DISPATCH_POLICIES, IntraGroupLoadBalance, MultiLevelQueue
 from placement.arlo.instance_replacement import plan_replacement
 from placement.arlo.runtime_allocation import proportional_allocation, solve_allocation
+from placement.sim.outcomes import LATE, SERVED, RequestOutcomes
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,15 @@ class SimulationResult:
     scheme: str
     latencies_s: np.ndarray
     slo_s: float
+    arrivals_s: np.ndarray | None = None  # per request, as given to `simulate`
+
+    @property
+    def outcomes(self) -> RequestOutcomes:
+        """The per-request outcomes every simulator reports (placement.sim): every request runs (Arlo rejects none),
+        served when within the SLO, else late."""
+        arrivals = np.asarray(self.arrivals_s, dtype=float)
+        status = np.where(self.latencies_s <= self.slo_s, SERVED, LATE).astype(np.int8)
+        return RequestOutcomes(arrivals, arrivals + self.slo_s, arrivals + self.latencies_s, status)
 
     @property
     def mean_s(self) -> float:
@@ -144,4 +154,20 @@ def simulate(scheme: str, profiles: RuntimeProfileSet, arrivals_s: np.ndarray, l
         free_at[instance] = finish
         heapq.heappush(completions, (finish, instance))
         latencies[index] = finish - now
-    return SimulationResult(scheme, latencies, slo_s)
+    return SimulationResult(scheme, latencies, slo_s, np.asarray(arrivals_s, dtype=float))
+
+
+@dataclass
+class ArloEngine:
+    """:func:`simulate` as a `placement.sim.SimulationEngine`; `options` are its keyword arguments."""
+
+    scheme: str
+    profiles: RuntimeProfileSet
+    arrivals_s: np.ndarray
+    lengths_tokens: np.ndarray
+    num_devices: int
+    options: dict = field(default_factory=dict)
+
+    def run(self) -> SimulationResult:
+        return simulate(self.scheme, self.profiles, self.arrivals_s, self.lengths_tokens, self.num_devices,
+                        **self.options)

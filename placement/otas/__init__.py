@@ -1,7 +1,7 @@
 """OTAS (token adaptation): the measured profile, adaptive batching (Alg. 1), token allocation (Alg. 2-3), the
 replica scheduler, baseline allocators and a simulation of one replica.
 
-Imports nothing from the other system packages.
+Builds on :mod:`placement.core` and :mod:`placement.sim`; imports no other system package.
 """
 
 from placement.otas.profile import OtasProfile
@@ -16,6 +16,7 @@ from placement.otas.replica_scheduler import Outcome, UtilityLedger, Dispatch, O
 from placement.otas.baselines import FixedGammaAllocator, ModelSwitchingAllocator
 from placement.otas.simulation import (
     QueryType, TraceQuery, fluctuating_poisson_trace, fluctuating_rates, bursty_rates, SimulationResult, simulate,
+    OtasEngine,
 )
 
 __all__ = [
@@ -24,5 +25,5 @@ __all__ = [
     "allocate_by_load", "TokenAllocationParams", "parse_allocation_params", "ArrivalRateEstimator", "TokenAllocator",
     "OtasTokenAllocator", "Outcome", "UtilityLedger", "Dispatch", "OtasScheduler", "FixedGammaAllocator",
     "ModelSwitchingAllocator", "QueryType", "TraceQuery", "fluctuating_poisson_trace", "fluctuating_rates",
-    "bursty_rates", "SimulationResult", "simulate",
+    "bursty_rates", "SimulationResult", "simulate", "OtasEngine",
 ]

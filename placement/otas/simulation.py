@@ -16,10 +16,13 @@ import math
 import random
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from placement.core.arrivals import poisson_arrivals
 from placement.otas.adaptive_batching import OtasRequest
 from placement.otas.profile import OtasProfile
 from placement.otas.replica_scheduler import OtasScheduler, UtilityLedger
+from placement.sim.outcomes import LATE, REJECTED, SERVED, RequestOutcomes
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,7 @@ class SimulationResult:
     max_utility: float  # every query served correctly in time
     switches: int = 0
     details: dict = field(default_factory=dict)
+    outcomes: RequestOutcomes | None = None  # per query, in trace order (placement.sim): evicted ones are rejected
 
     @property
     def success_ratio(self) -> float:
@@ -82,6 +86,10 @@ class SimulationResult:
 def simulate(trace: list[TraceQuery], scheduler: OtasScheduler, profile: OtasProfile) -> SimulationResult:
     """Run the trace through one replica; every query ends as correct, wrong, late or evicted."""
     now, index, busy_until = 0.0, 0, -math.inf
+    position = {id(query): k for k, query in enumerate(trace)}
+    finish_s = np.full(len(trace), np.nan)
+    status = np.full(len(trace), REJECTED, dtype=np.int8)  # until it runs: evicted while queued, or at the end
+    earned = np.zeros(len(trace))
     while True:
         while index < len(trace) and trace[index].arrival_s <= now:
             query = trace[index]
@@ -96,6 +104,11 @@ def simulate(trace: list[TraceQuery], scheduler: OtasScheduler, profile: OtasPro
                 correct = [r.payload.draw < profile.task_accuracy(r.task_id, dispatch.gamma) for r in batch.requests]
                 scheduler.complete(dispatch, finish, correct)
                 busy_until = finish
+                for request, right in zip(batch.requests, correct):
+                    k = position[id(request.payload)]
+                    finish_s[k] = finish
+                    status[k] = SERVED if finish <= request.deadline_s else LATE
+                    earned[k] = request.utility if right and finish <= request.deadline_s else 0.0
         upcoming = []
         if index < len(trace):
             upcoming.append(trace[index].arrival_s)
@@ -110,4 +123,19 @@ def simulate(trace: list[TraceQuery], scheduler: OtasScheduler, profile: OtasPro
     scheduler.drain()
     max_utility = sum(q.query_type.utility for q in trace)
     switches = getattr(scheduler.allocator, "switches", 0)
-    return SimulationResult(scheduler.ledger, len(trace), max_utility, switches)
+    arrival = np.array([q.arrival_s for q in trace])
+    deadline = np.array([q.arrival_s + q.query_type.slo_s for q in trace])
+    outcomes = RequestOutcomes(arrival, deadline, finish_s, status, earned)
+    return SimulationResult(scheduler.ledger, len(trace), max_utility, switches, outcomes=outcomes)
+
+
+@dataclass
+class OtasEngine:
+    """:func:`simulate` as a `placement.sim.SimulationEngine`."""
+
+    trace: list[TraceQuery]
+    scheduler: OtasScheduler
+    profile: OtasProfile
+
+    def run(self) -> SimulationResult:
+        return simulate(self.trace, self.scheduler, self.profile)

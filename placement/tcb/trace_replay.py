@@ -12,6 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+import numpy as np
+
+from placement.sim.outcomes import LATE, REJECTED, SERVED, UNSERVED, RequestOutcomes
 from placement.tcb.batch_scheduler import BatchDecision, BatchScheduler, TextRequest
 
 
@@ -27,6 +30,7 @@ class ReplayResult:
     num_batches: int = 0
     busy_s: float = 0.0  #: engine time spent in batches
     end_s: float = 0.0  #: clock when the last batch finished
+    outcomes: RequestOutcomes | None = None  #: per request, in the order given (placement.sim)
 
     def utility_per_s(self, duration_s: float) -> float:
         return self.utility / duration_s if duration_s > 0 else 0.0
@@ -37,6 +41,10 @@ def replay(requests: Sequence[TextRequest], scheduler: BatchScheduler,
     """Run the trace to the end: every request is completed, late, dropped or (if never schedulable) unserved."""
     arrivals = sorted(requests, key=lambda r: r.arrival_s)
     result = ReplayResult()
+    position = {id(request): k for k, request in enumerate(requests)}
+    finish_s = np.full(len(requests), np.nan)
+    status = np.full(len(requests), UNSERVED, dtype=np.int8)
+    earned = np.zeros(len(requests))
     queue: list[TextRequest] = []
     now = 0.0
     next_arrival = 0
@@ -48,6 +56,8 @@ def replay(requests: Sequence[TextRequest], scheduler: BatchScheduler,
             next_arrival += 1
         decision = scheduler.form_batch(now, queue)
         result.dropped += len(decision.dropped)
+        for request in decision.dropped:
+            status[position[id(request)]] = REJECTED
         queue = decision.remaining(queue)
         if decision.is_empty:
             if next_arrival >= len(arrivals):
@@ -59,11 +69,29 @@ def replay(requests: Sequence[TextRequest], scheduler: BatchScheduler,
         result.busy_s += latency
         result.num_batches += 1
         for request in decision.requests:
+            k = position[id(request)]
+            finish_s[k] = now
             if now <= request.deadline_s:
                 result.completed += 1
                 result.utility += request.utility
+                status[k], earned[k] = SERVED, request.utility
             else:
                 result.late += 1
+                status[k] = LATE
     result.unserved = len(queue)
     result.end_s = now
+    result.outcomes = RequestOutcomes(np.array([r.arrival_s for r in requests]),
+                                      np.array([r.deadline_s for r in requests]), finish_s, status, earned)
     return result
+
+
+@dataclass
+class ReplayEngine:
+    """:func:`replay` as a `placement.sim.SimulationEngine`."""
+
+    requests: Sequence[TextRequest]
+    scheduler: BatchScheduler
+    batch_latency_s: Callable[[BatchDecision], float]
+
+    def run(self) -> ReplayResult:
+        return replay(self.requests, self.scheduler, self.batch_latency_s)
