@@ -6,7 +6,7 @@
    the same total tokens). Lengths as TCB §6.2: a normal distribution of mean 20 and variance 20 (and 100), clipped
    to [3, 100] tokens. Token ids are drawn at random from the tokenizer's vocabulary (generated data).
 2. Utility at increasing Poisson arrival rates (TCB §6.2.4) for DAS, Slotted DAS, FCFS, SJF and EDF, replayed on
-   a simulated clock (placement/tcb_replay.py) with a batch-latency model measured on the real engine above.
+   a simulated clock (placement/tcb/trace_replay.py) with a batch-latency model measured on the real engine above.
 3. End to end through Ray Serve (only when the plexserve text replica runs ConcatBatching): the text replica vs a
    plain `@serve.batch` deployment that pads per batch, same model, same load, same CPUs.
 
@@ -36,8 +36,9 @@ from benchmarks._common import emit_json, make_parser, out_dir, setup_logging
 from models.batching_baselines import NaiveBatchingEngine, SortedBatchingEngine
 from models.packed_text import ConcatBatchingEngine, PackedTextEncoder
 from models.text_encoder import load_text_encoder
-from placement.tcb_replay import replay
-from placement.tcb_scheduler import BatchDecision, TextRequest, make_batch_scheduler
+from placement.core.arrivals import poisson_arrivals
+from placement.tcb.trace_replay import replay
+from placement.tcb.batch_scheduler import BatchDecision, TextRequest, make_batch_scheduler
 
 log = setup_logging("concat_batching")
 
@@ -194,14 +195,11 @@ def measure_latency_model(encoder, repeats: int, granularity_tokens: int) -> Lat
 
 
 def poisson_trace(rate_per_s: float, duration_s: float, slo_s: float, variance: float, rng: random.Random) -> list[TextRequest]:
-    trace, now, index = [], 0.0, 0
-    while True:
-        now += rng.expovariate(rate_per_s)
-        if now > duration_s:
-            return trace
+    trace = []
+    for index, now in enumerate(poisson_arrivals(rate_per_s, 0.0, duration_s, rng)):
         length = clipped_normal_lengths(1, variance, rng)[0]
         trace.append(TextRequest(request_id=index, length_tokens=length, arrival_s=now, deadline_s=now + slo_s))
-        index += 1
+    return trace
 
 
 def utility_curves(latency: LatencyModel, variance: float, granularity_tokens: int) -> dict:

@@ -103,7 +103,7 @@ def one_device_group(models: list[str]) -> dict:
 
 
 def deploy(spec: dict, http_options: dict) -> None:
-    from placement.spec import parse_spec
+    from placement.core.deployment_spec import parse_spec
     from rayserve_apps.live_update import application_config, apply_config
 
     apply_config([application_config(parse_spec(spec))], http_options)
@@ -155,7 +155,7 @@ async def measure_throughput(handle, seconds: float, concurrency: int) -> float:
 
 
 def measured_profiles(service_s: dict[str, float], weight_bytes: int):
-    from placement.profiles import ConfigProfile, ModelProfile, ParallelConfig, ProfileSet, StageProfile
+    from placement.core.profiles import ConfigProfile, ModelProfile, ParallelConfig, ProfileSet, StageProfile
 
     models = {m: ModelProfile(name=m, configs=[ConfigProfile(config=ParallelConfig(), stages=[
         StageProfile(latency_s={1: s}, weight_bytes_per_device=weight_bytes)])]) for m, s in service_s.items()}
@@ -163,7 +163,8 @@ def measured_profiles(service_s: dict[str, float], weight_bytes: int):
 
 
 def make_trace(total_rate: float, duration_s: float, slo_s: float, seed: int):
-    from placement.workload import GammaProcess, ModelTraffic, Workload, generate_workload
+    from placement.core.arrivals import GammaProcess
+    from placement.core.workload import ModelTraffic, Workload, generate_workload
 
     half = duration_s / 2
     parts = [generate_workload(MODELS, [ModelTraffic(GammaProcess(total_rate * share, TRACE_CV), slo_s) for share in shares],
@@ -210,8 +211,8 @@ async def replay(handle, workload, slo_s: float) -> dict[str, np.ndarray]:
 
 def simulate_piecewise(timeline: list[tuple[float, object]], profiles, workload, overhead_s: float) -> np.ndarray:
     """SLO met per request, simulating each span of the trace on the placement in force during it."""
-    from placement.dispatch import make_dispatch
-    from placement.simulator import SERVED, SimulatorConfig, simulate
+    from placement.alpaserve.dispatch import make_dispatch
+    from placement.alpaserve.simulator import SERVED, SimulatorConfig, simulate
 
     config = SimulatorConfig(dispatch=make_dispatch("shortest_queue"), request_overhead_s=overhead_s)
     met = np.zeros(len(workload), dtype=bool)
@@ -351,8 +352,8 @@ async def run(args) -> dict:
     from ray import serve
 
     from models.text_encoder import load_text_encoder
-    from placement.placement_plan import Placement
-    from placement.planner import PlannerConfig, plan
+    from placement.core.placement_plan import Placement
+    from placement.alpaserve.planner import PlannerConfig, plan
 
     http_options = {"host": "127.0.0.1", "port": free_port()}
     serve.start(http_options=http_options)

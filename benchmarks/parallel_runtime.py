@@ -44,7 +44,7 @@ from parallel.profiler import LayerProfileSet, device_description, profile_comm,
 from parallel.stage_layers import ModelSource, example_input, load_model  # noqa: E402
 from parallel.tensor_parallel import BlockShardingPlan  # noqa: E402
 from parallel.tiny_models import make_tiny_vit  # noqa: E402
-from placement.profiles import ParallelConfig  # noqa: E402
+from placement.core.profiles import ParallelConfig  # noqa: E402
 
 log = setup_logging("parallel_runtime")
 

@@ -1,7 +1,7 @@
 """Polymorphing benchmark (Arlo): simulated latency of Arlo vs ST/DT/INFaaS-like/ILB/IG, allocation solve time,
 dispatch throughput, and a small real run of MiniLM static runtimes on this machine.
 
-1. Simulation at Arlo's scale with the paper-shaped Bert-Base profiles (placement.arlo_paper_profiles: a
+1. Simulation at Arlo's scale with the paper-shaped Bert-Base profiles (placement.arlo.paper_profiles: a
    reproduction of Arlo Fig. 2, not a measurement), a synthetic Twitter-like length distribution recalibrated to
    512 tokens (median 21 / p98 72 of 125 in Arlo §2.1, scaled by 512/125, with a drifting 10 s scale for the
    short-term fluctuation of §3.2), stable Poisson and bursty MMPP arrivals. The load is the highest of a few
@@ -31,12 +31,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import emit_json, make_parser, out_dir, setup_logging  # noqa: E402
-from placement.arlo_paper_profiles import dynamic_latency_s, paper_runtime_profiles  # noqa: E402
-from placement.arlo_runtimes import RuntimeProfile, RuntimeProfileSet, choose_runtime_lengths  # noqa: E402
-from placement.arlo_scheduler import ArloDispatch  # noqa: E402
-from placement.arlo_simulation import SCHEMES, simulate  # noqa: E402
-from placement.runtime_allocation import allocation_lower_bounds, solve_allocation  # noqa: E402
-from placement.workload import MarkovModulatedProcess, PoissonProcess  # noqa: E402
+from placement.arlo.paper_profiles import dynamic_latency_s, paper_runtime_profiles  # noqa: E402
+from placement.arlo.runtimes import RuntimeProfile, RuntimeProfileSet, choose_runtime_lengths  # noqa: E402
+from placement.arlo.request_scheduler import ArloDispatch  # noqa: E402
+from placement.arlo.simulation import SCHEMES, simulate  # noqa: E402
+from placement.arlo.runtime_allocation import allocation_lower_bounds, solve_allocation  # noqa: E402
+from placement.core.arrivals import MarkovModulatedProcess, PoissonProcess  # noqa: E402
 
 log = setup_logging("polymorphing")
 
@@ -211,8 +211,10 @@ def real_minilm_run(args) -> dict:
     import torch
 
     from models.text_encoder import load_text_encoder
-    from ops.length_staircase import measure_runtime_latencies, measure_staircase
-    from ops.static_runtime import DynamicRuntime, StaticRuntime, compare_backends, fastest_exact_backend, time_call
+    from models.runtimes.length_staircase import measure_runtime_latencies, measure_staircase
+    from models.runtimes.static_runtime import (
+        DynamicRuntime, StaticRuntime, compare_backends, fastest_exact_backend, time_call,
+    )
 
     torch.set_num_threads(1)
     encoder = load_text_encoder()
@@ -276,7 +278,7 @@ def packed_vs_padded(encoder, requests, runtime_lengths, profiles, served, backe
     [PACKED_ROWS, L] shapes and run each runtime's whole backlog with ConcatBatching. Arlo routing (each request on
     its ideal runtime) and ST (all on the longest) are both measured; the headline ratio is Arlo's.
     """
-    from ops.static_runtime import PackedStaticRuntime, time_call
+    from models.runtimes.static_runtime import PackedStaticRuntime, time_call
 
     packed = {length: PackedStaticRuntime(encoder, length, PACKED_ROWS, backend=backend) for length in runtime_lengths}
     backlog: dict[int, list] = {}

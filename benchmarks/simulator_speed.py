@@ -4,12 +4,15 @@ Case (issue 3): 64 devices in 16 groups of 4 (4-stage pipelines), 48 models (the
 V100, 8 instances each, reproduction profiles) with 4 replicas each, Gamma arrivals (CV 4) with power-law
 popularity, SLO 5x the single-device latency; at least 10^6 requests (--quick) or 5 x 10^6.
 
-Rates are per CPU-second of this single-threaded process (the machine is shared). Also measured, side by side: the same kernel as plain Python (numba's `py_func`) on a slice, to show what the
-compiled kernel buys. Writes benchmarks/out/simulator_speed.png (requests/s against workload size).
+Rates are per CPU-second of this single-threaded process (the machine is shared). Also measured, side by side: the
+same kernel as plain Python (NUMBA_DISABLE_JIT=1 in a child process) on a smaller case, to show what the compiled
+kernel buys. Writes benchmarks/out/simulator_speed.png (requests/s against workload size).
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -20,12 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 
 from benchmarks._common import emit_json, machine_description, make_parser, out_dir, setup_logging  # noqa: E402
-from placement.batching import MaxBatchWithinSLO  # noqa: E402
-from placement.paper_profiles import replicate_profiles, table1_profiles  # noqa: E402
-from placement.placement_plan import GroupPlacement, Placement  # noqa: E402
-from placement.profiles import ParallelConfig  # noqa: E402
-from placement import simulator as sim  # noqa: E402
-from placement.workload import gamma_workload  # noqa: E402
+from placement.alpaserve.batching import MaxBatchWithinSLO  # noqa: E402
+from placement.alpaserve.paper_profiles import replicate_profiles, table1_profiles  # noqa: E402
+from placement.core.placement_plan import GroupPlacement, Placement  # noqa: E402
+from placement.core.profiles import ParallelConfig  # noqa: E402
+from placement.alpaserve import simulator as sim  # noqa: E402
+from placement.core.workload import gamma_workload  # noqa: E402
 
 MODELS = ("bert-1.3b", "bert-2.7b", "bert-6.7b", "moe-1.3b", "moe-2.4b", "moe-5.3b")
 INSTANCES_PER_MODEL = 8
@@ -71,18 +74,23 @@ def best_rate(placement, profiles, workload, config) -> Rate:
     return Rate(len(workload) / best_cpu, len(workload) / best_wall, result.slo_attainment())
 
 
-def pure_python_rate(placement, profiles, workload) -> float:
-    """The unbatched kernel run as plain Python (no numba) on a slice of the workload."""
-    kernel = getattr(sim._kernel_unbatched, "py_func", sim._kernel_unbatched)
-    part = workload.take(np.arange(min(PURE_PYTHON_REQUESTS, len(workload))))
-    tables = sim.build_tables([(g.num_devices, g.config, g.models) for g in placement.groups],
-                              sim.LatencyCache(profiles, 1), part.model_names)
-    n = len(part)
-    outputs = (np.empty(n), np.empty(n), np.full(n, -1, np.int64), np.zeros(n, np.int8), np.zeros(len(placement.groups)))
+def pure_python_rate() -> float:
+    """The compiled path run as plain Python: a child process with NUMBA_DISABLE_JIT=1 (every kernel helper
+    interpreted) simulates a PURE_PYTHON_REQUESTS-request case of the same shape."""
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "NUMBA_DISABLE_JIT": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)}
+    code = "from benchmarks.simulator_speed import interpreted_rate; print(interpreted_rate())"
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, check=True)
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def interpreted_rate() -> float:
+    """Requests per CPU-second of `simulate` in this process (run by `pure_python_rate` without numba)."""
+    placement, profiles, workload = build_case(PURE_PYTHON_REQUESTS)
     started = time.process_time()
-    kernel(part.arrival_s, part.model.astype(np.int64), part.arrival_s + part.slo_s, tables.host_ptr,
-           tables.host_groups, tables.latency, tables.num_stages, 0, True, 0.0, 0.0, tables.intra_op, *outputs)
-    return n / (time.process_time() - started)
+    sim.simulate(placement, profiles, workload, sim.SimulatorConfig())
+    return len(workload) / (time.process_time() - started)
 
 
 def main() -> None:
@@ -105,7 +113,7 @@ def main() -> None:
     log.info("  %.2f M requests per CPU-second, %.2f M per wall-second (attainment %.4f)",
              batched.requests_per_cpu_s / 1e6, batched.requests_per_wall_s / 1e6, batched.slo_attainment)
     log.info("timing the same kernel as plain Python on %d requests", PURE_PYTHON_REQUESTS)
-    rate_py = pure_python_rate(placement, profiles, workload)
+    rate_py = pure_python_rate()
     log.info("  %.3f M requests per CPU-second", rate_py / 1e6)
 
     sizes = [10_000, 100_000, len(workload)]

@@ -4,7 +4,7 @@
    (`models/adaptive_vit_profile.py`); accuracy per (task, gamma) on held-out digits (measured; `--quick` reads the
    committed measured profile models/artifacts/digits_vit/profile.json instead).
    Reported: `merge_speedup_b32` = throughput at the largest merge over throughput at gamma = 0, batch 32.
-2. Utility on simulated traces (OTAS §V): one replica on the simulator's clock (`placement/otas_simulation.py`)
+2. Utility on simulated traces (OTAS §V): one replica on the simulator's clock (`placement/otas/simulation.py`)
    with the measured profile, for OTAS (Alg. 1 + Alg. 2/3), every fixed gamma (0: PetS-like; < 0: ToMe; > 0: VPT)
    and INFaaS-like model switching (stand-in variants: the ViT at the most merged, plain and most prompted gamma,
    switching costs the measured checkpoint load time). Traces: fluctuating Poisson (rate redrawn every segment in
@@ -42,12 +42,12 @@ from models.adaptive_vit_profile import (
 )
 from models.task_registry import DIGITS_ARTIFACTS_DIR, TaskRegistry
 from models.train_adaptive_vit import load_digits_splits
-from placement.otas_baselines import FixedGammaAllocator, ModelSwitchingAllocator
-from placement.otas_batching import AdaptiveBatchingParams
-from placement.otas_profile import OtasProfile
-from placement.otas_scheduler import OUTCOMES, OtasScheduler
-from placement.otas_simulation import QueryType, bursty_rates, fluctuating_poisson_trace, fluctuating_rates, simulate
-from placement.otas_token_allocation import OtasTokenAllocator, TokenAllocationParams
+from placement.otas.baselines import FixedGammaAllocator, ModelSwitchingAllocator
+from placement.otas.adaptive_batching import AdaptiveBatchingParams
+from placement.otas.profile import OtasProfile
+from placement.otas.replica_scheduler import OUTCOMES, OtasScheduler
+from placement.otas.simulation import QueryType, bursty_rates, fluctuating_poisson_trace, fluctuating_rates, simulate
+from placement.otas.token_allocation import OtasTokenAllocator, TokenAllocationParams
 
 PAPER_TIGHT_SLO_S = 0.6  # OTAS Table II
 PAPER_LOOSE_SLO_S = 1.0

@@ -2,7 +2,7 @@
 
 OTAS §III-A ("the task profiler calculates the accuracies and inference latencies for different token numbers and
 batch sizes on the target device; the profiling data is stored in the metadata storage") and §III-D (the policies
-estimate a batch's time and utility from it). The result is a `placement.otas_profile.OtasProfile` JSON.
+estimate a batch's time and utility from it). The result is a `placement.otas.profile.OtasProfile` JSON.
 
     python -m models.adaptive_vit_profile [--artifacts models/artifacts/digits_vit] [--out profile.json] [--quick]
 
@@ -26,7 +26,7 @@ import torch
 from models.adaptive_vit import load_backbone
 from models.task_registry import BACKBONE_FILE, DIGITS_ARTIFACTS_DIR, TaskRegistry
 from models.train_adaptive_vit import DIGITS_TASKS_BY_ID, DigitsSplit, load_digits_splits
-from placement.otas_profile import OtasProfile
+from placement.otas.profile import OtasProfile
 
 logger = logging.getLogger(__name__)
 

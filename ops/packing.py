@@ -11,7 +11,7 @@ acts on each token alone, so computing attention per slot is exactly the same as
 its own: a slotted batch of R rows x (L // z) slots executes as up to R * (L // z) rows of z tokens.
 
 A request is never truncated: one longer than the row (or slot) is a ValueError that names the request and the
-limit. Rows are filled by first-fit-decreasing unless a scheduler (placement/tcb_scheduler.py) already chose which
+limit. Rows are filled by first-fit-decreasing unless a scheduler (placement/tcb/batch_scheduler.py) already chose which
 requests share a row.
 """
 

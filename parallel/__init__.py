@@ -6,7 +6,7 @@ Where things happen, in the order a model goes through them:
 * `comm_model`     -- the fitted alpha-beta costs
 * `inter_op`       -- DP slicing the layer view into pipeline stages (min max stage latency, memory budget)
 * `intra_op`       -- MILP (cvxpy + HiGHS) choosing replicated / column / row per linear layer of a stage
-* `configurations` -- every (intra-op degree, pipeline stages) of a group size -> `placement.profiles.ProfileSet`
+* `configurations` -- every (intra-op degree, pipeline stages) of a group size -> `placement.core.profiles.ProfileSet`
 * `plan`           -- `ParallelPlan`: stages and block shardings, the runtime's input
 * `tensor_parallel`, `stage_layers` -- shard modules built from the real weights; one (stage, shard)'s layers
 * `stage_actor`    -- one Ray actor per (stage, shard)

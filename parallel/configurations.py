@@ -5,7 +5,7 @@ strategies for the placement algorithm". For a group of n devices this module tr
 dividing n with n / d pipeline stages; the inter-op DP (`parallel.inter_op`) cuts the layer view into stages,
 pricing each candidate stage by the intra-op ILP (`parallel.intra_op`) on d devices under the per-device memory
 budget. The plan is chosen at one reference batch size (the runtime runs one plan); its stage latencies are then
-evaluated for every profiled batch size. The result is a `placement.profiles.ProfileSet` with source
+evaluated for every profiled batch size. The result is a `placement.core.profiles.ProfileSet` with source
 'measured', exactly what `placement/` reads, plus the `ParallelPlan` the runtime executes.
 """
 
@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from placement.profiles import ConfigProfile, ModelProfile, ParallelConfig, ProfileSet, StageProfile
+from placement.core.profiles import ConfigProfile, ModelProfile, ParallelConfig, ProfileSet, StageProfile
 from parallel.comm_model import CommModel
 from parallel.inter_op import StagePartition, slice_stages
 from parallel.intra_op import BlockCost, IntraOpSolution, StageCost, evaluate, solve_intra_op, stage_problem
@@ -157,7 +157,7 @@ def model_configurations(profile: ModelLayerProfile, comm: CommModel, group_size
 
 def emit_profile_set(layer_profiles: LayerProfileSet, group_sizes: Sequence[int], seq_len_tokens: dict[str, int] | None = None,
                      memory_budget_bytes: float = math.inf) -> ProfileSet:
-    """The `placement.profiles.ProfileSet` (source 'measured') of every model and configuration that fits."""
+    """The `placement.core.profiles.ProfileSet` (source 'measured') of every model and configuration that fits."""
     if layer_profiles.comm is None:
         raise ValueError("the layer profile has no communication model: run the profiler with comm profiling first")
     seq_len_tokens = seq_len_tokens or {}

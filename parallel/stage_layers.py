@@ -1,7 +1,7 @@
 """Which model to load and how to cut one (stage, shard) out of its layer view.
 
-`ModelSource` names a served model the way `placement.spec` does (kind + source + checkpoint), so that a Ray
-actor can load it by itself. `build_stage_layers` keeps only the layers of one pipeline stage, and of each block
+`ModelSource` names a served model the way `placement.core.deployment_spec` does (kind + source + checkpoint), so
+that a Ray actor can load it by itself. `build_stage_layers` keeps only the layers of one pipeline stage, and of each block
 only this shard's slices of the weights (`parallel.tensor_parallel`); everything else is dropped so the actor
 holds its share of the weights and no more. Embeddings and heads are kept whole (replicated over the stage's
 shards).

@@ -1,12 +1,17 @@
 """Every decision plexserve makes, as pure policy objects: no torch, no ray.
 
-Specs and profiles, workloads and traces, the discrete-event simulator, the placement planner, runtime
-allocation, dispatch, batch forming and token allocation. The simulator and the live Ray Serve apps call the
-same objects.
+One subpackage per paper over a shared core; the simulators and the live Ray Serve apps call the same objects.
+
+* :mod:`placement.core`: deployment spec, latency/memory profiles, placement data, workloads, traces, traffic window.
+* :mod:`placement.alpaserve`: simulator, placement planner and baselines, dispatch, batch forming, re-placement.
+* :mod:`placement.arlo`: polymorphing runtimes, runtime allocation, instance replacement, autoscaling, request
+  scheduler.
+* :mod:`placement.otas`: token adaptation: profile, adaptive batching, token allocation, replica scheduler.
+* :mod:`placement.tcb`: ConcatBatching batch schedulers and their trace replay.
 """
 
-from placement.profiles import ConfigProfile, ModelProfile, ParallelConfig, ProfileSet, StageProfile
-from placement.spec import ClusterSpec, DeploymentSpec, ModelSpec, PolicySpec, parse_spec
+from placement.core.deployment_spec import ClusterSpec, DeploymentSpec, ModelSpec, PolicySpec, parse_spec
+from placement.core.profiles import ConfigProfile, ModelProfile, ParallelConfig, ProfileSet, StageProfile
 
 __all__ = [
     "ConfigProfile", "ModelProfile", "ParallelConfig", "ProfileSet", "StageProfile",

@@ -5,7 +5,7 @@
     python -m placement schema         # JSON schema of the deployment spec
     python -m placement plan-schema    # JSON schema of the planning spec
 
-SPEC is a planning spec (:mod:`placement.plan_spec`, JSON or YAML). Progress goes to stderr; a bad spec is
+SPEC is a planning spec (:mod:`placement.alpaserve.plan_spec`, JSON or YAML). Progress goes to stderr; a bad spec is
 reported by its field and exits with status 2.
 """
 
@@ -21,13 +21,13 @@ logger = logging.getLogger("placement.cli")
 
 
 def _prepare(spec_path: str):
-    from placement.plan_spec import load_plan_spec, prepare
+    from placement.alpaserve.plan_spec import load_plan_spec, prepare
     spec = load_plan_spec(spec_path)
     return (spec, *prepare(spec, Path(spec_path).resolve().parent))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from placement.plan_spec import run_planner
+    from placement.alpaserve.plan_spec import run_planner
     spec, profiles, names, workload = _prepare(args.spec)
     placement = run_planner(spec, profiles, names, workload)
     placement.save(args.output)
@@ -38,9 +38,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from placement.plan_spec import simulator_config
-    from placement.placement_plan import Placement
-    from placement.simulator import simulate
+    from placement.alpaserve.plan_spec import simulator_config
+    from placement.core.placement_plan import Placement
+    from placement.alpaserve.simulator import simulate
     spec, profiles, names, workload = _prepare(args.spec)
     placement = Placement.load(args.placement)
     placement.check_memory(profiles, spec.cluster.device_memory_bytes)
@@ -56,13 +56,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from placement.spec import spec_json_schema
+    from placement.core.deployment_spec import spec_json_schema
     print(spec_json_schema())
     return 0
 
 
 def cmd_plan_schema(args: argparse.Namespace) -> int:
-    from placement.plan_spec import PlanSpec
+    from placement.alpaserve.plan_spec import PlanSpec
     print(json.dumps(PlanSpec.model_json_schema(), indent=2))
     return 0
 

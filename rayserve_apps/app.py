@@ -17,9 +17,9 @@ from typing import Any
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
-from placement.placement_plan import GroupPlacement
-from placement.rollout import SlotLayout
-from placement.spec import DeploymentSpec, ModelSpec, parse_spec
+from placement.core.placement_plan import GroupPlacement
+from placement.alpaserve.placement_rollout import SlotLayout
+from placement.core.deployment_spec import DeploymentSpec, ModelSpec, parse_spec
 from rayserve_apps.cluster_fit import check_placement_fits
 from rayserve_apps.group_deployment import GroupReplica, group_bundles
 from rayserve_apps.ingress import Ingress
@@ -155,7 +155,7 @@ def resolve_placement(spec: DeploymentSpec) -> DeploymentSpec:
     """The spec with its placement: given, or planned from its `planning` section (paths relative to the cwd)."""
     if spec.placement is not None or spec.planning is None:
         return spec
-    from placement.deployment_planning import plan_deployment
+    from placement.alpaserve.deployment_planning import plan_deployment
 
     placement = plan_deployment(spec)
     logger.info("planned placement:\n%s", placement.describe())

@@ -13,9 +13,9 @@ from typing import Any, Protocol
 
 from ray.serve.handle import DeploymentHandle
 
-from placement.dispatch import make_dispatch
-from placement.rollout import SlotLayout
-from placement.spec import DeploymentSpec
+from placement.alpaserve.dispatch import make_dispatch
+from placement.alpaserve.placement_rollout import SlotLayout
+from placement.core.deployment_spec import DeploymentSpec
 from rayserve_apps import metrics
 from rayserve_apps.forwarding import BatchForwarder
 from rayserve_apps.group_dispatch import GroupDispatcher
@@ -84,7 +84,7 @@ class GroupBackend:
 
     def set_layout(self, layout: SlotLayout, routes: list[list[str]], version: int) -> None:
         """Adopt the slots' groups and where each model may be routed (during a rollout step: what serves both
-        before and after it, see `placement.rollout.transition_routes`)."""
+        before and after it, see `placement.alpaserve.placement_rollout.transition_routes`)."""
         if len(layout.slots) != len(self.handles) or len(routes) != len(self.handles):
             raise ValueError(f"layout has {len(layout.slots)} slots and {len(routes)} routes; this application runs {len(self.handles)} group slots")
         self.dispatcher.set_routes(routes)

@@ -13,7 +13,7 @@ import logging
 
 import ray
 
-from placement.spec import DeploymentSpec
+from placement.core.deployment_spec import DeploymentSpec
 
 logger = logging.getLogger(__name__)
 

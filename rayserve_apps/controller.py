@@ -5,10 +5,10 @@ duties, each run every `period_s` when the application has something for it:
 
 Group placement (an application with a placement; AlpaServe §4.2). Every period it
 1. takes the traffic the ingress replicas reported (`report`, one record per request) for the last period,
-2. asks `placement.replanning.ReplanPolicy` to keep or move: fit rate and CV per model, resample, simulate the
+2. asks `placement.alpaserve.replanning.ReplanPolicy` to keep or move: fit rate and CV per model, resample, simulate the
    running placement, a rehost on the running groups and a full AlpaServe re-plan (§4.2), and move only for a
    predicted attainment gain of at least `min_gain`,
-3. rolls a move out in small steps (`placement.rollout.plan_rollout`), each as three declarative Serve config
+3. rolls a move out in small steps (`placement.alpaserve.placement_rollout.plan_rollout`), each as three declarative Serve config
    updates (`live_update.py`): the ingress stops routing to what the step changes, the changed slots are
    reconfigured or replaced (other deployments untouched), the ingress routes to the new layout,
 4. writes the decision to the decision log (`decision_log.py`).
@@ -33,13 +33,13 @@ from typing import Any
 
 from ray import serve
 
-from placement.arlo_live import AllocationDecision
-from placement.deployment_planning import replan_policy
-from placement.placement_plan import GroupPlacement, Placement
-from placement.profiles import ParallelConfig
-from placement.rollout import Rollout, SlotLayout, plan_rollout, transition_routes
-from placement.spec import DeploymentSpec, parse_spec
-from placement.traffic_window import RequestRecord, TrafficWindow
+from placement.arlo.live_allocator import AllocationDecision
+from placement.alpaserve.deployment_planning import replan_policy
+from placement.core.placement_plan import GroupPlacement, Placement
+from placement.core.profiles import ParallelConfig
+from placement.alpaserve.placement_rollout import Rollout, SlotLayout, plan_rollout, transition_routes
+from placement.core.deployment_spec import DeploymentSpec, parse_spec
+from placement.core.traffic_window import RequestRecord, TrafficWindow
 from rayserve_apps import metrics
 from rayserve_apps.app import APP_NAME, INGRESS_DEPLOYMENT, group_deployment_name, initial_layout
 from rayserve_apps.decision_log import DecisionLog

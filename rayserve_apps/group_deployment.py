@@ -50,8 +50,8 @@ from ops.packing import PackedBatch
 from parallel.group_runtime import GroupFailedError, ModelParallelGroup
 from parallel.plan import ParallelPlan
 from parallel.stage_layers import ModelSource
-from placement.profiles import ParallelConfig
-from placement.spec import ModelSpec, PolicySpec
+from placement.core.profiles import ParallelConfig
+from placement.core.deployment_spec import ModelSpec
 from rayserve_apps import metrics
 from rayserve_apps.engine import (ServingEngine, StagedTextBackend, TextBatchFormer, answer_requests,
                                   batching_scheduler_for)

@@ -3,7 +3,7 @@
 The ingress is the one sender of requests to the groups, so it knows each group's queue (requests it sent and
 that have not come back). Per (group, model) it estimates the service time as the median of the latest answered
 requests' measurements (robust to one stalled request), and an idle group with a stale estimate gets one request
-as a probe. For each request it builds the same `placement.dispatch.GroupView`s the simulator builds and
+as a probe. For each request it builds the same `placement.alpaserve.dispatch.GroupView`s the simulator builds and
 asks the same policy object; `None` means no group hosting the model can finish the request within its SLO, and
 the ingress answers 503 at once.
 """
@@ -15,7 +15,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from placement.dispatch import DispatchPolicy, GroupView
+from placement.alpaserve.dispatch import DispatchPolicy, GroupView
 
 #: Latest measurements per (group, model) whose median is the service-time estimate: one stall (a replica being
 #: replaced, a model loading beside it) must not refuse a model's requests for long.

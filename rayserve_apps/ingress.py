@@ -26,9 +26,9 @@ from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 
 from models.text_encoder import TextTokenizer, load_text_tokenizer
-from placement.rollout import SlotLayout
-from placement.traffic_window import RequestRecord
-from placement.spec import DeploymentSpec, ModelSpec, parse_spec
+from placement.alpaserve.placement_rollout import SlotLayout
+from placement.core.traffic_window import RequestRecord
+from placement.core.deployment_spec import DeploymentSpec, ModelSpec, parse_spec
 from rayserve_apps import metrics
 from rayserve_apps.backends import Backend, GroupBackend, ModelDeploymentBackend, ModelRouterBackend
 from rayserve_apps.polymorph_runtime_deployment import polymorphing_params

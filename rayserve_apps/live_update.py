@@ -21,9 +21,9 @@ from typing import Any
 from ray import serve
 from ray.serve.schema import ServeDeploySchema
 
-from placement.placement_plan import Placement
-from placement.rollout import SlotLayout
-from placement.spec import DeploymentSpec
+from placement.core.placement_plan import Placement
+from placement.alpaserve.placement_rollout import SlotLayout
+from placement.core.deployment_spec import DeploymentSpec
 from rayserve_apps.app import (
     APP_NAME,
     INGRESS_DEPLOYMENT,

@@ -1,7 +1,7 @@
 """A Ray Serve `RequestRouter` that sends a model's request only to replicas hosting it, by shortest queue.
 
 Each group replica reports, through `record_routing_stats`, the models it hosts and its queue length. For a
-request whose first argument is a model name, the router builds one `placement.dispatch.GroupView` per candidate
+request whose first argument is a model name, the router builds one `placement.alpaserve.dispatch.GroupView` per candidate
 replica and asks the same dispatch policy the simulator uses (AlpaServe §4.3, shortest queue) which replica to
 rank first; the others follow by queue length, so Serve can fall back when the first is full. Replicas that
 have not reported yet are kept as a last rank.
@@ -13,7 +13,7 @@ from typing import Any, List, Optional
 
 from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
 
-from placement.dispatch import GroupView, ShortestQueueDispatch
+from placement.alpaserve.dispatch import GroupView, ShortestQueueDispatch
 
 #: The routing-stats keys a group replica reports.
 STATS_MODELS = "models"

@@ -2,7 +2,7 @@
 
 Every replica of a `PolymorphRuntimeDeployment` reports its runtime's max length and capacity (replica metadata,
 refreshed by routing stats after a runtime swap) and its outstanding requests (routing stats). The router keeps a
-`placement.arlo_scheduler.ArloDispatch` over those replicas — the same object the simulator drives — and for each
+`placement.arlo.request_scheduler.ArloDispatch` over those replicas — the same object the simulator drives — and for each
 request asks it which replica to use, from the request's token count (the longest token id list in its first
 argument, or a `num_tokens` keyword). The router counts a replica's outstanding requests itself, up when Serve
 sends a request (`on_send_request`) and down when it completes (`on_request_completed`), as Arlo counts at
@@ -18,7 +18,7 @@ from typing import Any, List, Optional
 
 from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
 
-from placement.arlo_scheduler import ARLO_ALPHA, ARLO_LAMBDA, ARLO_MAX_LEVELS, ArloDispatch, ArloDispatchParams
+from placement.arlo.request_scheduler import ARLO_ALPHA, ARLO_LAMBDA, ARLO_MAX_LEVELS, ArloDispatch, ArloDispatchParams
 from rayserve_apps.polymorph_runtime_deployment import KEY_CAPACITY, KEY_MAX_LENGTH, KEY_OUTSTANDING
 
 

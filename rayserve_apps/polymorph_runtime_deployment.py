@@ -17,7 +17,7 @@ Which runtime a replica runs is data: the deployment's `user_config` maps replic
   on stale information during a swap) runs on the dynamic-shape path instead of failing.
 
 `allocation_update` turns a runtime allocation (instances per max length) into the declarative update — replica
-count and user_config — that changes the fewest replicas (placement.replacement.rank_assignment).
+count and user_config — that changes the fewest replicas (placement.arlo.instance_replacement.rank_assignment).
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 
 from models.text_encoder import load_text_encoder
-from ops.static_runtime import DynamicRuntime, PackedStaticRuntime, StaticRuntime
-from placement.autoscaling import AutoscalingParams
-from placement.replacement import rank_assignment
-from placement.runtime_allocation import ARLO_ALLOCATION_PERIOD_S
-from placement.spec import DeploymentSpec, ModelSpec
+from models.runtimes.static_runtime import DynamicRuntime, PackedStaticRuntime, StaticRuntime
+from placement.arlo.autoscaling import AutoscalingParams
+from placement.arlo.instance_replacement import rank_assignment
+from placement.arlo.runtime_allocation import ARLO_ALLOCATION_PERIOD_S
+from placement.core.deployment_spec import DeploymentSpec, ModelSpec
 from rayserve_apps._threads import set_torch_threads_for
 
 logger = logging.getLogger("ray.serve")
@@ -268,10 +268,10 @@ class PolymorphingPolicyParams(BaseModel):
     max_levels: int = Field(default=6, ge=1, description="Arlo Alg. 1 L.")
     routing_stats_period_s: float = Field(default=1.0, gt=0, description="How often replicas report outstanding requests, in seconds.")
     allocation_period_s: float = Field(default=ARLO_ALLOCATION_PERIOD_S, gt=0,
-                                       description="Seconds between runtime re-allocations (Arlo §5: 120 s; placement.arlo_live).")
+                                       description="Seconds between runtime re-allocations (Arlo §5: 120 s; placement.arlo.live_allocator).")
     autoscaling: dict[str, Any] | None = Field(
         default=None, description="Arlo §4 target tracking applied by the controller: the fields of "
-                                  "placement.autoscaling.AutoscalingParams but slo_ms (the model's); null: a fixed replica count.")
+                                  "placement.arlo.autoscaling.AutoscalingParams but slo_ms (the model's); null: a fixed replica count.")
 
     def autoscaling_params(self, slo_ms: float) -> AutoscalingParams | None:
         """The target-tracking parameters with the model's SLO (ValueError naming a bad field)."""

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from placement.spec import DeploymentSpec, ModelSpec
+from placement.core.deployment_spec import DeploymentSpec, ModelSpec
 
 #: Image element types a client may send, and how they are scaled to the model's float input.
 IMAGE_DTYPE_SCALES = {"float32": 1.0, "uint8": 1.0 / 255.0}

@@ -3,7 +3,7 @@
 A text model served with `policies.polymorphing: {name: arlo}` outside any group is one deployment `model-<name>`
 whose replicas run static-shape runtimes; its user_config maps replica rank -> runtime max length
 (`PolymorphUserConfig`). Every controller period, `RuntimeAllocations.decide` hands each such model's
-`placement.arlo_live.LiveRuntimeAllocator` the input lengths the ingress reported over the model's last allocation
+`placement.arlo.live_allocator.LiveRuntimeAllocator` the input lengths the ingress reported over the model's last allocation
 period (Arlo §5: 120 s, `allocation_period_s`); once per period the allocator re-solves Eq. 1-7 for the model's
 current number of replicas and returns the fewest ranks to switch. The controller applies a changed allocation as the
 deployment's override (`num_replicas`, `user_config`) in the application's Serve config (`overrides`): Serve calls
@@ -12,7 +12,7 @@ deployment's override (`num_replicas`, `user_config`) in the application's Serve
 With `autoscaling` in the policy params, `scale` also applies Arlo's target tracking (§4) every controller period:
 one more replica with the longest runtime when the p98 latency of the requests answered since the last check
 reaches 95% of the SLO, one fewer when it stays under 50% for `scale_in_period_s`
-(`placement.autoscaling.TargetTrackingAutoscaler`, `placement.arlo_live.apply_scaling`); the allocator then
+(`placement.arlo.autoscaling.TargetTrackingAutoscaler`, `placement.arlo.live_allocator.apply_scaling`); the allocator then
 re-solves Eq. 1-7 for the new replica count at its next period.
 
 The running allocation lives in Serve's config, not here: after a controller restart `read_back` adopts it.
@@ -25,10 +25,10 @@ from typing import Any, Iterable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from placement.arlo_live import AllocationDecision, LiveRuntimeAllocator, apply_scaling
-from placement.autoscaling import TargetTrackingAutoscaler
-from placement.spec import DeploymentSpec
-from placement.traffic_window import RequestRecord
+from placement.arlo.live_allocator import AllocationDecision, LiveRuntimeAllocator, apply_scaling
+from placement.arlo.autoscaling import TargetTrackingAutoscaler
+from placement.core.deployment_spec import DeploymentSpec
+from placement.core.traffic_window import RequestRecord
 from rayserve_apps.app import model_deployment_name
 from rayserve_apps.polymorph_runtime_deployment import PolymorphUserConfig, allocation_update, polymorphing_params
 

@@ -22,7 +22,7 @@ from ray import serve
 from models.packed_text import PackedTextEncoder
 from models.text_encoder import load_text_encoder
 from ops.packing import PackedBatch
-from placement.spec import ModelSpec
+from placement.core.deployment_spec import ModelSpec
 from rayserve_apps import metrics
 from rayserve_apps._threads import set_torch_threads_for
 from rayserve_apps.engine import (FormedBatch, InProcessTextBackend, ServingEngine, TextBatchFormer, answer_requests,

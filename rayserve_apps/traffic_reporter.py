@@ -12,7 +12,7 @@ import logging
 
 from ray.serve.handle import DeploymentHandle
 
-from placement.traffic_window import RequestRecord
+from placement.core.traffic_window import RequestRecord
 
 logger = logging.getLogger("ray.serve")
 

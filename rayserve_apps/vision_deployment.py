@@ -33,11 +33,11 @@ from ray import serve
 
 from models.task_registry import DIGITS_ARTIFACTS_DIR, TaskRegistry
 from models.vit import load_vit
-from placement.otas_batching import AdaptiveBatchingParams, OtasRequest
-from placement.otas_profile import OtasProfile
-from placement.otas_scheduler import Dispatch, OtasScheduler
-from placement.otas_token_allocation import OtasTokenAllocator, TokenAllocationParams
-from placement.spec import ModelSpec
+from placement.otas.adaptive_batching import AdaptiveBatchingParams, OtasRequest
+from placement.otas.profile import OtasProfile
+from placement.otas.replica_scheduler import Dispatch, OtasScheduler
+from placement.otas.token_allocation import OtasTokenAllocator, TokenAllocationParams
+from placement.core.deployment_spec import ModelSpec
 from rayserve_apps._threads import set_torch_threads_for
 from rayserve_apps.requests import RequestError
 

@@ -1,12 +1,12 @@
-"""Arlo's Runtime Scheduler as the live controller's policy (placement.arlo_live): periods, moves, fewest changes."""
+"""The live controller's Arlo Runtime Scheduler (placement.arlo.live_allocator): periods, moves, fewest changes."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from placement.arlo_live import LiveRuntimeAllocator, profiles_from_capacities
-from placement.arlo_runtimes import RuntimeProfile, RuntimeProfileSet
+from placement.arlo.live_allocator import LiveRuntimeAllocator, profiles_from_capacities
+from placement.arlo.runtimes import RuntimeProfile, RuntimeProfileSet
 
 #: Runtime max length -> capacity within the SLO (Arlo M_i): shorter runtimes take more requests.
 CAPACITIES = {64: 40, 128: 20, 512: 8}
@@ -169,7 +169,7 @@ def test_bad_decide_inputs_name_the_argument():
 
 
 def test_scaling_adds_the_longest_runtime_and_releases_the_highest_rank_keeping_one_longest():
-    from placement.arlo_live import apply_scaling
+    from placement.arlo.live_allocator import apply_scaling
 
     assert apply_scaling({0: 16, 1: 64}, "scale_out", 64) == {0: 16, 1: 64, 2: 64}
     assert apply_scaling({0: 16, 1: 64, 2: 16}, "scale_in", 64) == {0: 16, 1: 64}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from placement.arlo_scheduler import (ArloDispatch, BinPackingDispatch, InterGroupGreedy, IntraGroupLoadBalance,
+from placement.arlo.request_scheduler import (ArloDispatch, BinPackingDispatch, InterGroupGreedy, IntraGroupLoadBalance,
                                       MultiLevelQueue)
 
 # Arlo Fig. 5: four runtimes; a 200-token request has candidates Q2, Q3, Q4. The paper states the head loads of
@@ -127,7 +127,7 @@ def test_alg1_matches_reference_on_random_states():
 
 
 def test_ideal_runtime_is_the_shortest_that_fits_and_names_the_longest_when_none_does():
-    from placement.arlo_runtimes import ideal_runtime_length
+    from placement.arlo.runtimes import ideal_runtime_length
 
     assert [ideal_runtime_length([64, 16, 128], n) for n in (1, 16, 17, 64, 65, 128)] == [16, 16, 64, 64, 128, 128]
     with pytest.raises(ValueError, match="longest runtime \\(128 tokens\\)"):

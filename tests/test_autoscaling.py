@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from placement.autoscaling import AutoscalingParams, TargetTrackingAutoscaler
-from placement.replacement import plan_replacement
+from placement.arlo.autoscaling import AutoscalingParams, TargetTrackingAutoscaler
+from placement.arlo.instance_replacement import plan_replacement
 
 
 def scaler(**kwargs) -> TargetTrackingAutoscaler:
@@ -77,7 +77,7 @@ def test_replacement_with_more_and_fewer_devices_is_still_minimal():
 
 
 def test_rank_assignment_keeps_surviving_ranks_and_fills_new_ones():
-    from placement.replacement import rank_assignment
+    from placement.arlo.instance_replacement import rank_assignment
 
     assert rank_assignment({}, {64: 2, 512: 1}) == {0: 64, 1: 64, 2: 512}
     assert rank_assignment({0: 64, 1: 64, 2: 512}, {64: 1, 128: 1, 512: 1}) == {0: 128, 1: 64, 2: 512}

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from placement.spec import parse_spec
+from placement.core.deployment_spec import parse_spec
 from rayserve_apps.live_update import IMPORT_PATH
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"

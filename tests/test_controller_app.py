@@ -21,9 +21,9 @@ from ray import serve
 
 from conftest import TEST_DEVICE_RESOURCE, free_port, restart_controller
 from models import load_vit
-from placement.paper_profiles import model_profile
-from placement.profiles import ProfileSet
-from placement.spec import parse_spec
+from placement.alpaserve.paper_profiles import model_profile
+from placement.core.profiles import ProfileSet
+from placement.core.deployment_spec import parse_spec
 from rayserve_apps.live_update import application_config, apply_config
 
 pytestmark = pytest.mark.ray

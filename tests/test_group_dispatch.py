@@ -2,7 +2,7 @@
 
 import pytest
 
-from placement.dispatch import make_dispatch
+from placement.alpaserve.dispatch import make_dispatch
 from rayserve_apps.group_dispatch import PROBE_AFTER_S, GroupDispatcher
 
 

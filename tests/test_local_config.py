@@ -17,7 +17,7 @@ from ray import serve
 
 from models import load_text_encoder
 from models.task_registry import DIGITS_ARTIFACTS_DIR, TaskRegistry
-from placement.spec import parse_spec
+from placement.core.deployment_spec import parse_spec
 from rayserve_apps.live_update import apply_config
 
 pytestmark = pytest.mark.ray
@@ -81,6 +81,11 @@ def test_adaptive_vit_takes_task_slo_and_utility_and_names_bad_ones(local_app):
     ok = requests.post(url, json={"images": images, "task": "parity", "slo_ms": 60_000, "utility": 2.0}, timeout=120)
     assert ok.status_code == 200, ok.text
     assert {p["task"] for p in ok.json()["predictions"]} == {"parity"}
+    # The SLO reaches the replica's scheduler: a deadline no batch can meet is evicted, not answered late.
+    hopeless = requests.post(url, json={"images": images, "task": "parity", "slo_ms": 0.001}, timeout=60)
+    assert hopeless.status_code == 503 and hopeless.json()["error"]["type"] == "deadline_unmeetable", hopeless.text
+    bad_utility = requests.post(url, json={"images": images, "task": "parity", "utility": -1.0}, timeout=60)
+    assert bad_utility.status_code == 422 and bad_utility.json()["error"]["field"] == "utility", bad_utility.text
     unknown = requests.post(url, json={"images": images, "task": "colour"}, timeout=60)
     assert unknown.status_code == 422 and "colour" in unknown.json()["error"]["message"]
     negative = requests.post(url, json={"images": images, "slo_ms": -1}, timeout=60)

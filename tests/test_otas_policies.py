@@ -7,12 +7,14 @@ import random
 
 import pytest
 
-from placement.otas_baselines import FixedGammaAllocator, ModelSwitchingAllocator
-from placement.otas_batching import AdaptiveBatcher, AdaptiveBatchingParams, OtasBatch, OtasRequest, parse_batching_params
-from placement.otas_profile import OtasProfile
-from placement.otas_scheduler import OtasScheduler
-from placement.otas_simulation import QueryType, fluctuating_poisson_trace, fluctuating_rates, simulate
-from placement.otas_token_allocation import (
+from placement.otas.baselines import FixedGammaAllocator, ModelSwitchingAllocator
+from placement.otas.adaptive_batching import (
+    AdaptiveBatcher, AdaptiveBatchingParams, OtasBatch, OtasRequest, parse_batching_params,
+)
+from placement.otas.profile import OtasProfile
+from placement.otas.replica_scheduler import OtasScheduler
+from placement.otas.simulation import QueryType, fluctuating_poisson_trace, fluctuating_rates, simulate
+from placement.otas.token_allocation import (
     OtasTokenAllocator,
     RateToGamma,
     TokenAllocationParams,

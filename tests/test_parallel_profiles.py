@@ -15,7 +15,7 @@ from parallel.profiler import LayerProfileSet, profile_layers, shape_key
 from parallel.stage_layers import build_stage_layers, example_input, load_model, standalone_layers
 from parallel.tensor_parallel import ThreadCollectives
 from parallel.tiny_models import make_tiny_bert, make_tiny_vit
-from placement.profiles import ParallelConfig, ProfileSet
+from placement.core.profiles import ParallelConfig, ProfileSet
 
 MAX_ABS_DIFF = 1e-5
 SEQ_LEN_TOKENS = 8
@@ -135,8 +135,8 @@ def test_memory_budget_drops_configs_that_do_not_fit(models):
 
 
 def test_emitted_profile_set_round_trips_and_plans_a_small_cluster(models, tmp_path):
-    from placement.planner import PlannerConfig, plan
-    from placement.workload import gamma_workload
+    from placement.alpaserve.planner import PlannerConfig, plan
+    from placement.core.workload import gamma_workload
 
     _, profiles = models
     layer_set = LayerProfileSet(device="cpu: 1 thread per actor", models=profiles, comm=STAND_IN_COSTLY_COMM)

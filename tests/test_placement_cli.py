@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from placement.cli import main
-from placement.placement_plan import Placement
+from placement.core.placement_plan import Placement
 
 
 @pytest.fixture()
@@ -53,7 +53,7 @@ def test_schema_subcommand_runs_as_a_module():
 
 def test_plan_from_a_profile_set_file(tmp_path):
     """Profiles written by parallel/ (a ProfileSet JSON) are read through `profiles.path`."""
-    from placement.paper_profiles import replicate_profiles, table1_profiles
+    from placement.alpaserve.paper_profiles import replicate_profiles, table1_profiles
     profiles = replicate_profiles(table1_profiles(), {"moe-1.3b": 2}).profiles
     profiles.save(tmp_path / "profiles.json")
     spec = {"profiles": {"path": "profiles.json"}, "models": ["moe-1.3b-0", "moe-1.3b-1"],

@@ -3,13 +3,13 @@ these cases, consistent predictions, bucket enumeration, and the placement's JSO
 
 import pytest
 
-from placement.baselines import clockwork_plus_plus, round_robin, selective_replication
-from placement.paper_profiles import GB, replicate_profiles, table1_profiles
-from placement.placement_plan import GroupPlacement, Placement
-from placement.planner import PlannerConfig, device_buckets, group_partitions, model_buckets, plan
-from placement.profiles import ParallelConfig
-from placement.simulator import simulate
-from placement.workload import gamma_workload
+from placement.alpaserve.baselines import clockwork_plus_plus, round_robin, selective_replication
+from placement.alpaserve.paper_profiles import GB, replicate_profiles, table1_profiles
+from placement.core.placement_plan import GroupPlacement, Placement
+from placement.alpaserve.planner import PlannerConfig, device_buckets, group_partitions, model_buckets, plan
+from placement.core.profiles import ParallelConfig
+from placement.alpaserve.simulator import simulate
+from placement.core.workload import gamma_workload
 
 BUDGET = 13 * GB
 

@@ -15,7 +15,7 @@ APP = "polymorph-test"
 def deploy(assignment: dict[int, int], version: int):
     from ray import serve
 
-    from placement.spec import ModelSpec
+    from placement.core.deployment_spec import ModelSpec
     from rayserve_apps.polymorph_runtime_deployment import bind_polymorph_model
 
     spec = ModelSpec(name="minilm", kind="text", source="package:all-minilm-l6-v2", num_cpus_per_replica=0.5)
@@ -87,7 +87,7 @@ def test_allocation_update_keeps_in_flight_requests(handle):
 
 def _local_replica(execution: str):
     """The replica class outside Serve (rank 0, no user_config: the longest runtime), eager backend."""
-    from placement.spec import ModelSpec
+    from placement.core.deployment_spec import ModelSpec
     from rayserve_apps.polymorph_runtime_deployment import PolymorphRuntimeDeployment
 
     spec = ModelSpec(name="minilm", kind="text", source="package:all-minilm-l6-v2", num_cpus_per_replica=0.5)
@@ -105,7 +105,7 @@ def test_waiting_requests_share_packed_forward_passes(local_packed):
 
     import torch
 
-    from ops.static_runtime import PackedStaticRuntime
+    from models.runtimes.static_runtime import PackedStaticRuntime
 
     replica = local_packed
     assert isinstance(replica.runtime, PackedStaticRuntime) and replica.runtime.max_length_tokens == LONG_RUNTIME
@@ -142,7 +142,7 @@ def test_packed_replica_falls_back_to_dynamic_for_longer_requests(local_packed):
 def test_padded_execution_keeps_one_text_per_row():
     import asyncio
 
-    from ops.static_runtime import StaticRuntime
+    from models.runtimes.static_runtime import StaticRuntime
 
     replica = _local_replica("padded")
     assert isinstance(replica.runtime, StaticRuntime)
@@ -152,7 +152,7 @@ def test_padded_execution_keeps_one_text_per_row():
 
 
 def test_polymorphing_params_are_validated_by_field():
-    from placement.spec import ModelSpec
+    from placement.core.deployment_spec import ModelSpec
     from rayserve_apps.polymorph_runtime_deployment import bind_polymorph_model
 
     spec = ModelSpec(name="minilm", kind="text", source="package:all-minilm-l6-v2")

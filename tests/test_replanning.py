@@ -3,13 +3,13 @@
 import numpy as np
 import pytest
 
-from placement.paper_profiles import model_profile
-from placement.placement_plan import GroupPlacement, Placement
-from placement.planner import PlannerConfig
-from placement.profiles import ParallelConfig, ProfileSet
-from placement.replanning import ObservedTraffic, ReplanPolicy
-from placement.traces import fit_arrivals
-from placement.traffic_window import RequestRecord, TrafficWindow
+from placement.alpaserve.paper_profiles import model_profile
+from placement.core.placement_plan import GroupPlacement, Placement
+from placement.alpaserve.planner import PlannerConfig
+from placement.core.profiles import ParallelConfig, ProfileSet
+from placement.alpaserve.replanning import ObservedTraffic, ReplanPolicy
+from placement.core.traces import fit_arrivals
+from placement.core.traffic_window import RequestRecord, TrafficWindow
 
 GIB = 1024**3
 MODELS = ["a", "b", "c"]
@@ -48,7 +48,7 @@ def test_a_model_outgrowing_its_group_is_rehosted_on_the_running_groups():
 
 
 def test_candidates_are_judged_as_deployed_with_the_models_alg1_left_out():
-    from placement.simulator import simulate
+    from placement.alpaserve.simulator import simulate
 
     replan = policy()
     # Only a has traffic: Alg. 1 leaves b and c out and the candidates host them. With traffic everywhere, Alg. 1's

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from placement.spec import parse_spec
+from placement.core.deployment_spec import parse_spec
 from rayserve_apps.requests import (
     ImageContract,
     RequestError,

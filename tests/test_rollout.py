@@ -2,9 +2,9 @@
 
 import pytest
 
-from placement.placement_plan import GroupPlacement, Placement
-from placement.profiles import ParallelConfig
-from placement.rollout import SlotLayout, match_slots, plan_rollout, transition_routes
+from placement.core.placement_plan import GroupPlacement, Placement
+from placement.core.profiles import ParallelConfig
+from placement.alpaserve.placement_rollout import SlotLayout, match_slots, plan_rollout, transition_routes
 
 
 def group(devices: int, models: list[str], stages: int | None = None) -> GroupPlacement:

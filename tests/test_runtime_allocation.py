@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from placement.arlo_paper_profiles import paper_runtime_profiles
-from placement.arlo_runtimes import RuntimeProfile, RuntimeProfileSet
-from placement.runtime_allocation import (PeriodicRuntimeAllocator, allocation_lower_bounds, evaluate_allocation,
+from placement.arlo.paper_profiles import paper_runtime_profiles
+from placement.arlo.runtimes import RuntimeProfile, RuntimeProfileSet
+from placement.arlo.runtime_allocation import (PeriodicRuntimeAllocator, allocation_lower_bounds, evaluate_allocation,
                                           solve_allocation, solve_allocation_brute_force)
 
 

@@ -3,8 +3,8 @@ allocates, the overrides it writes, periodic decisions from reported lengths, an
 
 from __future__ import annotations
 
-from placement.spec import parse_spec
-from placement.traffic_window import RequestRecord
+from placement.core.deployment_spec import parse_spec
+from placement.core.traffic_window import RequestRecord
 from rayserve_apps.runtime_allocations import RuntimeAllocations
 
 SHORT, LONG = 16, 64

@@ -17,7 +17,7 @@ import requests
 from ray import serve
 
 from conftest import restart_controller
-from placement.spec import parse_spec
+from placement.core.deployment_spec import parse_spec
 from rayserve_apps.live_update import application_config, apply_config, deployed_overrides
 
 pytestmark = pytest.mark.ray

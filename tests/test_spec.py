@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from placement.spec import DeploymentSpec, parse_spec, spec_json_schema
+from placement.core.deployment_spec import DeploymentSpec, parse_spec, spec_json_schema
 
 MINILM = {"name": "minilm", "kind": "text", "source": "package:all-minilm-l6-v2"}
 

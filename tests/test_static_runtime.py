@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ops.static_runtime import DynamicRuntime, PackedStaticRuntime, StaticRuntime, compare_backends, fastest_exact_backend
-from placement.arlo_paper_profiles import staircase_latency_s
-from placement.arlo_runtimes import RuntimeProfile, choose_runtime_lengths
+from models.runtimes.static_runtime import (
+    BackendComparison, DynamicRuntime, PackedStaticRuntime, StaticRuntime, compare_backends, fastest_exact_backend,
+)
+from placement.arlo.paper_profiles import staircase_latency_s
+from placement.arlo.runtimes import RuntimeProfile, choose_runtime_lengths
 
 TEXTS = ["a short one", "a somewhat longer sentence about serving transformer models on a cluster", "hi"]
 
@@ -85,10 +87,39 @@ def test_dynamic_runtime_matches_eager(encoder):
     assert torch.allclose(DynamicRuntime(encoder).run_tokens(ids), encoder.embed(TEXTS), atol=1e-5)
 
 
-def test_backend_comparison_picks_an_exact_backend(encoder):
-    results = compare_backends(encoder, max_length_tokens=16, batch_size=1, backends=("eager", "trace"), repeats=1)
+class ScriptedClock:
+    """A clock whose timed intervals last the given durations in turn (a start and a stop reading each)."""
+
+    def __init__(self, durations_s):
+        self.durations_s = list(durations_s)
+        self.now_s = 0.0
+        self.started = False
+
+    def __call__(self) -> float:
+        if self.started:
+            self.now_s += self.durations_s.pop(0)
+        self.started = not self.started
+        return self.now_s
+
+
+@pytest.mark.parametrize("durations_s, fastest", [((0.005, 0.001), "trace"), ((0.001, 0.005), "eager")])
+def test_backend_comparison_times_on_the_given_clock_and_picks_the_fastest(encoder, durations_s, fastest):
+    clock = ScriptedClock(durations_s)
+    results = compare_backends(encoder, max_length_tokens=16, batch_size=1, backends=("eager", "trace"), repeats=1,
+                               clock=clock)
+    assert [r.backend for r in results] == ["eager", "trace"]
+    assert [r.latency_s for r in results] == pytest.approx(list(durations_s))
     assert all(r.exact for r in results)
-    assert fastest_exact_backend(results) in {"eager", "trace"}
+    assert fastest_exact_backend(results) == fastest
+    assert not clock.durations_s  # one timed run per backend, nothing else read the clock
+
+
+def test_fastest_exact_backend_skips_inexact_backends():
+    comparisons = [BackendComparison("eager", 0.0, 0.003, 0.0), BackendComparison("trace", 0.0, 0.001, 1.0),
+                   BackendComparison("compile", 0.0, 0.002, 0.0)]
+    assert fastest_exact_backend(comparisons) == "compile"
+    with pytest.raises(ValueError, match="no backend"):
+        fastest_exact_backend(comparisons[1:2])
 
 
 def test_runtime_lengths_follow_the_paper_staircase():

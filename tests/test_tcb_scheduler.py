@@ -1,4 +1,4 @@
-"""Batch schedulers of TCB §5 (placement/tcb_scheduler.py) and their replay on a simulated clock."""
+"""Batch schedulers of TCB §5 (placement/tcb/batch_scheduler.py) and their replay on a simulated clock."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from placement.tcb_replay import replay
-from placement.tcb_scheduler import (BatchingParams, TextRequest, das_rows, make_batch_scheduler,
+from placement.tcb.trace_replay import replay
+from placement.tcb.batch_scheduler import (BatchingParams, TextRequest, das_rows, make_batch_scheduler,
                                      parse_batching_params)
 
 ALL = ["das", "slotted_das", "fcfs", "sjf", "edf"]

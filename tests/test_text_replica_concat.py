@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from ray import serve
 
 from models import load_text_encoder
-from placement.spec import ModelSpec
+from placement.core.deployment_spec import ModelSpec
 from rayserve_apps import build_app
 from rayserve_apps.engine import batching_scheduler_for
 

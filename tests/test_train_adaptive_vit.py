@@ -11,7 +11,7 @@ from torch import nn
 from models import train_adaptive_vit
 from models.task_registry import DIGITS_ARTIFACTS_DIR, TaskModel, TaskRegistry
 from models.train_adaptive_vit import DIGITS_TASKS, QUICK_ARCHITECTURE, load_digits_splits
-from placement.otas_profile import OtasProfile
+from placement.otas.profile import OtasProfile
 
 torch.set_num_threads(1)
 MAX_ARTIFACT_BYTES = 4 * 1024 * 1024

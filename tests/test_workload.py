@@ -3,9 +3,11 @@
 import numpy as np
 import pytest
 
-from placement.workload import (ClippedNormalLength, EmpiricalLength, FixedLength, GammaProcess,
-                                MarkovModulatedProcess, ModelTraffic, PoissonProcess, Workload, gamma_workload,
-                                generate_workload, power_law_popularity, uniform_popularity)
+from placement.core.arrivals import GammaProcess, MarkovModulatedProcess, PoissonProcess
+from placement.core.workload import (
+    ClippedNormalLength, EmpiricalLength, FixedLength, ModelTraffic, Workload, gamma_workload, generate_workload,
+    power_law_popularity, uniform_popularity,
+)
 
 
 def rate_and_cv(arrivals: np.ndarray, duration_s: float) -> tuple[float, float]:

@@ -1,6 +1,6 @@
 """Text batches: TCB's schedulers choose the texts, ConcatBatching packs them, a backend runs the encoder.
 
-`TextBatchFormer` keeps a model's waiting texts as `placement.tcb_scheduler.TextRequest`s (length, arrival, the
+`TextBatchFormer` keeps a model's waiting texts as `placement.tcb.batch_scheduler.TextRequest`s (length, arrival, the
 model's SLO as deadline) and asks the configured scheduler (DAS by default, TCB Alg. 1; Slotted DAS, Alg. 2;
 FCFS, SJF, EDF) for the next batch of B rows x L tokens once the rows are full or the oldest text has waited
 `batch_wait_s`. Texts whose deadline passes before they are scheduled are dropped (TCB §5.2) and answered 503.
@@ -27,9 +27,9 @@ from models.packed_text import PackedTextEncoder
 from ops.concat_attention import block_diagonal_mask
 from ops.packing import PackedBatch, pack_requests, pooled_embeddings
 from parallel.group_runtime import ModelParallelGroup
-from placement.arlo_runtimes import ideal_runtime_length
-from placement.spec import ModelSpec, PolicySpec
-from placement.tcb_scheduler import BatchDecision, BatchScheduler, TextRequest, make_batch_scheduler
+from placement.arlo.runtimes import ideal_runtime_length
+from placement.core.deployment_spec import ModelSpec, PolicySpec
+from placement.tcb.batch_scheduler import BatchDecision, BatchScheduler, TextRequest, make_batch_scheduler
 from rayserve_apps.engine.engine import FormedBatch, WorkItem
 from rayserve_apps.requests import RequestError
 

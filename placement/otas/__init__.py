@@ -1,0 +1,29 @@
+"""OTAS (token adaptation): the measured profile, adaptive batching (Alg. 1), token allocation (Alg. 2-3), the
+replica scheduler, baseline allocators and a simulation of one replica.
+
+Builds on :mod:`placement.core` and :mod:`placement.sim`; imports no other system package.
+"""
+
+from placement.otas.profile import OtasProfile
+from placement.otas.adaptive_batching import (
+    OtasRequest, OtasBatch, AdaptiveBatchingParams, parse_batching_params, AdaptiveBatcher,
+)
+from placement.otas.token_allocation import (
+    BatchEstimate, BatchEstimator, profile_estimator, AllocationPlan, allocate_dp, RateToGamma, allocate_by_load,
+    TokenAllocationParams, parse_allocation_params, ArrivalRateEstimator, TokenAllocator, OtasTokenAllocator,
+)
+from placement.otas.replica_scheduler import Outcome, UtilityLedger, Dispatch, OtasScheduler
+from placement.otas.baselines import FixedGammaAllocator, ModelSwitchingAllocator
+from placement.otas.simulation import (
+    QueryType, TraceQuery, fluctuating_poisson_trace, fluctuating_rates, bursty_rates, SimulationResult, simulate,
+    OtasEngine,
+)
+
+__all__ = [
+    "OtasProfile", "OtasRequest", "OtasBatch", "AdaptiveBatchingParams", "parse_batching_params", "AdaptiveBatcher",
+    "BatchEstimate", "BatchEstimator", "profile_estimator", "AllocationPlan", "allocate_dp", "RateToGamma",
+    "allocate_by_load", "TokenAllocationParams", "parse_allocation_params", "ArrivalRateEstimator", "TokenAllocator",
+    "OtasTokenAllocator", "Outcome", "UtilityLedger", "Dispatch", "OtasScheduler", "FixedGammaAllocator",
+    "ModelSwitchingAllocator", "QueryType", "TraceQuery", "fluctuating_poisson_trace", "fluctuating_rates",
+    "bursty_rates", "SimulationResult", "simulate", "OtasEngine",
+]

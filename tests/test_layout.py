@@ -1,0 +1,173 @@
+"""The layout's rules, checked on the source: `placement` loads neither torch nor ray, packages import each other only
+downwards (no module-level cycle, no import hidden in a function to dodge one), and each layer imports only what
+the README's Layout table allows."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+#: Packages whose import graph must be acyclic.
+ACYCLIC_PACKAGES = ("placement", "ops", "models", "parallel")
+#: placement's system packages: each builds on placement.core and imports none of the others.
+SYSTEM_PACKAGES = ("placement.alpaserve", "placement.arlo", "placement.otas", "placement.tcb")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def project_modules(packages=ACYCLIC_PACKAGES) -> dict[str, Path]:
+    return {module_name(p): p for package in packages for p in sorted((ROOT / package).rglob("*.py"))}
+
+
+def resolve(name: str, modules: dict[str, Path]) -> str | None:
+    """The project module an imported name lands in: the module itself, else its package (longest prefix)."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def imports_of(path: Path, modules: dict[str, Path], own: str | None = None) -> tuple[set[str], set[str]]:
+    """(module-level, inside a function or class body) project modules imported by one file (module `own`)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    own = own or module_name(path)
+    top: set[str] = set()
+    nested: set[str] = set()
+
+    def targets(node: ast.Import | ast.ImportFrom) -> list[str]:
+        if isinstance(node, ast.Import):
+            return [alias.name for alias in node.names]
+        base = node.module or ""
+        if node.level:  # relative import
+            anchor = own if path.name == "__init__.py" else own.rpartition(".")[0]  # the importing package
+            for _ in range(node.level - 1):
+                anchor = anchor.rpartition(".")[0]
+            base = f"{anchor}.{base}" if base else anchor
+        # `from pkg import sub` imports the submodule when it is one
+        return [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+
+    def visit(node: ast.AST, in_body: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                for name in targets(child):
+                    target = resolve(name, modules)
+                    if target is not None and target != own:
+                        (nested if in_body else top).add(target)
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+                visit(child, True)
+            else:
+                visit(child, in_body)
+
+    visit(tree, False)
+    return top, nested
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the directed graph as a list of nodes, or None."""
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def dfs(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = dfs(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = dfs(node)
+            if found:
+                return found
+    return None
+
+
+def import_graph(packages=ACYCLIC_PACKAGES) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    modules = project_modules(packages)
+    top, nested = {}, {}
+    for name, path in modules.items():
+        top[name], nested[name] = imports_of(path, modules)
+    return top, nested
+
+
+def test_import_placement_loads_neither_torch_nor_ray():
+    names = sorted(project_modules(("placement",)))
+    code = ("import importlib, json, sys\n"
+            f"for name in {names!r}:\n"
+            "    if not name.endswith('__main__'):\n"
+            "        importlib.import_module(name)\n"
+            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, check=True)
+    loaded = set(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert "placement" in loaded and "numpy" in loaded  # the check sees what was imported
+    assert not loaded & {"torch", "ray", "torchvision", "transformers", "timm"}
+
+
+def test_find_cycle_finds_a_cycle_and_only_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_import_graph_reads_from_relative_and_nested_imports(tmp_path):
+    modules = {name: tmp_path / f"{name}.py" for name in ("pkg", "pkg.a", "pkg.b", "pkg.d", "pkg.c")}
+    source = ("import os\nfrom pkg import b\nfrom . import d\n\n"
+              "def f():\n    from pkg.a import x\n\nclass K:\n    import pkg.b\n")
+    path = tmp_path / "c.py"
+    path.write_text(source)
+    top, nested = imports_of(path, modules, own="pkg.c")
+    assert top == {"pkg.b", "pkg.d"}
+    assert nested == {"pkg.a", "pkg.b"}
+
+
+def test_no_module_level_import_cycle():
+    top, _ = import_graph()
+    assert find_cycle(top) is None, f"import cycle: {' -> '.join(find_cycle(top))}"
+
+
+def test_no_import_inside_a_function_dodges_a_cycle():
+    top, nested = import_graph()
+    combined = {name: top[name] | nested[name] for name in top}
+    cycle = find_cycle(combined)
+    assert cycle is None, f"an import inside a function closes a cycle: {' -> '.join(cycle)}"
+
+
+@pytest.mark.parametrize("package", ["ops", "placement"])
+def test_leaf_layers_import_nothing_above_them(package):
+    top, nested = import_graph()
+    forbidden = {"ops": ("models", "parallel", "placement"), "placement": ("models", "ops", "parallel")}[package]
+    for name in top:
+        if name.split(".")[0] != package:
+            continue
+        bad = [t for t in top[name] | nested[name] if t.split(".")[0] in forbidden]
+        assert not bad, f"{name} imports {bad}"
+
+
+def test_placement_core_imports_no_system_package_and_systems_not_each_other():
+    top, nested = import_graph(("placement",))
+    for name in top:
+        targets = top[name] | nested[name]
+        if name.startswith("placement.core"):
+            assert not [t for t in targets if t.startswith(SYSTEM_PACKAGES)], name
+        if name.startswith("placement.sim"):  # the simulation contract stands alone
+            assert all(t.startswith("placement.sim") for t in targets), name
+        for system in SYSTEM_PACKAGES:
+            if name.startswith(system):
+                others = [t for t in targets if t.startswith(SYSTEM_PACKAGES) and not t.startswith(system)]
+                assert not others, f"{name} imports {others}"
