@@ -59,6 +59,18 @@ AUTO_ROUNDS = 8
 DEFAULT_MAX_GROUP_DEVICES = 16
 #: Alg. 2 candidates planned in full after the cheap screening (0: every candidate in full, the paper's search).
 DEFAULT_SCREEN_KEEP = 3
+#: Simulations the local search after the fast variant may spend (0: none, the paper's fast variant). Measured
+#: on planner_speed's 12-model x 8-device mix: the greedy alone ends 0.02-0.04 below beam search of size 3.
+DEFAULT_REFINE_SIMULATIONS = 150
+#: Local search: moves tried per step for the models with the most unserved requests (this many models)...
+REFINE_TOP_MODELS = 3
+#: ... against this many hosted replicas of the models with the fewest unserved requests per replica.
+REFINE_SPARE_REPLICAS = 6
+#: Look-ahead fast variant: models simulated per round under each of the two rankings...
+DEFAULT_LOOKAHEAD = 3
+#: ... used only where (replicas that fit) x (candidates per round) x (requests) stays within this many simulated
+#: requests (about a fifth of a second of the compiled simulator): the 12-model x 8-device cases, not 48 x 64.
+DEFAULT_LOOKAHEAD_BUDGET_REQUESTS = 5e6
 #: Leading share of the (bucket's) workload the cheap screening ranks candidates on.
 DEFAULT_SCREEN_FRACTION = 0.5
 #: Uneven partitions: shares of the devices given to the larger of two group sizes...
@@ -99,6 +111,10 @@ class PlannerConfig:
     screen_fraction: float = DEFAULT_SCREEN_FRACTION  # Alg. 2 speed-up: rank candidates on this leading share...
     screen_keep: int = DEFAULT_SCREEN_KEEP  # candidates per bucket planned in full after screening (0: all)
     uneven_partitions: bool = True  # Alg. 2: also two-size group partitions (beyond the paper's equal groups)
+    one_bucket_candidate: bool = True  # Alg. 2: also all models in one bucket where the latency ratio splits them
+    refine_simulations: int = DEFAULT_REFINE_SIMULATIONS  # fast variant: local-search budget after the greedy
+    lookahead: int = DEFAULT_LOOKAHEAD  # fast variant: models simulated per round per ranking (0: the paper's)
+    lookahead_budget_requests: float = DEFAULT_LOOKAHEAD_BUDGET_REQUESTS  # ... where rounds x candidates x requests fit
     fill_memory: bool = True  # fast variant: keep adding replicas once every request is served (ties: fuller wins)
     stress_factors: tuple[float, ...] = DEFAULT_STRESS_FACTORS  # ranking tie-break replays; () = the paper's ranking
     tie_tolerance: float = DEFAULT_TIE_TOLERANCE  # attainment gap below which the stress replays decide
@@ -112,6 +128,10 @@ class PlannerConfig:
             raise ValueError(f"fast_rank={self.fast_rank!r}: choose 'unserved' or 'unserved_per_byte'")
         if self.max_group_devices < 1:
             raise ValueError(f"max_group_devices={self.max_group_devices}: must be >= 1")
+        if self.lookahead < 0:
+            raise ValueError(f"lookahead={self.lookahead}: must be >= 0")
+        if self.refine_simulations < 0:
+            raise ValueError(f"refine_simulations={self.refine_simulations}: must be >= 0")
         if self.screen_keep < 0:
             raise ValueError(f"screen_keep={self.screen_keep}: must be >= 0")
         if not 0.0 < self.screen_fraction <= 1.0:
@@ -209,7 +229,9 @@ def greedy_selection(problem: _Problem, models: Sequence[str], groups: list[tupl
     empty = _Selection(groups, [[] for _ in groups],
                        [[0] * c.pipeline_stages for _, c in groups])
     if problem.config.fast:
-        return _fast_greedy(problem, models, empty, workload)
+        if _lookahead_affordable(problem, models, groups, workload):
+            return _refine(problem, models, _lookahead_greedy(problem, models, empty, workload), workload)
+        return _refine(problem, models, _fast_greedy(problem, models, empty, workload), workload)
     best = empty
     _evaluate(problem, best, workload)
     beam = [empty]
@@ -302,6 +324,113 @@ def _fast_greedy(problem: _Problem, models: Sequence[str], sel: _Selection, work
         if placed_now == 0:
             break
     return best
+
+
+def _lookahead_affordable(problem: _Problem, models: Sequence[str], groups: Sequence[tuple[int, ParallelConfig]],
+                          workload: Workload) -> bool:
+    """Whether the look-ahead variant's simulated requests (rounds x candidates x requests) fit its budget."""
+    if problem.config.lookahead <= 0 or problem.config.replicas_per_round != 1 or not models:
+        return False
+    memory = sum(n * problem.device_memory_bytes for n, _ in groups)
+    rounds = memory / float(np.mean([_min_weight(problem, n) for n in models]))
+    return rounds * 2 * problem.config.lookahead * len(workload) <= problem.config.lookahead_budget_requests
+
+
+def _lookahead_greedy(problem: _Problem, models: Sequence[str], sel: _Selection, workload: Workload) -> _Selection:
+    """The fast variant of §4.2 with a look-ahead (beyond the paper), for cases small enough to afford it: each
+    round simulates the `lookahead` best models by unserved requests and the `lookahead` best by unserved
+    requests per weight byte, each on its feasible group with the lowest utilisation, and keeps the best; once
+    every request is served the plain fast variant fills the memory left. Between the fast variant (one
+    simulation per replica) and Alg. 1's beam search (models x groups x beam per replica)."""
+    index = {name: i for i, name in enumerate(workload.model_names)}
+    total = np.bincount(workload.model, minlength=len(workload.model_names))
+    span = max(workload.duration_s, 1e-9)
+    devices = np.array([n for n, _ in sel.groups], dtype=float)
+    room = _Room(problem, sel, models)
+    result = _evaluate(problem, sel, workload)
+    best = sel
+    while sel.attainment < 1.0:
+        _, good = result.per_model_counts()
+        unserved = {n: int(total[index[n]] - good[index[n]]) if n in index else 0 for n in models}
+        utilization = result.group_busy_seconds() / (devices * span)
+        open_models = [n for n in models if unserved[n] > 0 and len(room.feasible(n))]
+        by_count = sorted(open_models, key=lambda n: (-unserved[n], n))[: problem.config.lookahead]
+        by_byte = sorted(open_models, key=lambda n: (-unserved[n] / _min_weight(problem, n), n))[: problem.config.lookahead]
+        chosen = None
+        for name in dict.fromkeys(by_count + by_byte):
+            g = int(min(room.feasible(name), key=lambda g: (utilization[g], len(sel.models[g]), g)))
+            candidate = _add(problem, sel, g, name)
+            candidate_result = _evaluate(problem, candidate, workload)
+            if chosen is None or candidate.good > chosen[0].good:
+                chosen = (candidate, candidate_result, g, name)
+        if chosen is None:
+            return best
+        sel, result, g, name = chosen
+        room.add(g, name)
+        if sel.attainment > best.attainment or (problem.config.fill_memory and sel.attainment >= best.attainment):
+            best = sel
+    if problem.config.fill_memory:
+        filled = _fast_greedy(problem, models, sel, workload)
+        if filled.attainment >= best.attainment:
+            best = filled
+    return best
+
+
+def _refine(problem: _Problem, models: Sequence[str], sel: _Selection, workload: Workload) -> _Selection:
+    """Local search after the fast variant (beyond the paper), within `refine_simulations` simulations: for the
+    :data:`REFINE_TOP_MODELS` models with the most unserved requests, try adding a replica to a group with room,
+    or swapping it for one of :data:`REFINE_SPARE_REPLICAS` hosted replicas of models with more than one replica
+    and the fewest unserved requests per replica, or dropping such a replica (which relieves its group); take the
+    first move that serves more requests and start again. Alg. 1's beam search explores these placements at many times the simulations."""
+    budget = problem.config.refine_simulations
+    if budget <= 0 or not sel.groups or sel.attainment >= 1.0:
+        return sel
+    index = {name: i for i, name in enumerate(workload.model_names)}
+    spent = 0
+    while spent < budget:
+        result = simulate_groups([(n, c, m) for (n, c), m in zip(sel.groups, sel.models)], problem.cache, workload,
+                                 problem.config.simulator)
+        total, good = result.per_model_counts()
+        unserved = {n: int(total[index[n]] - good[index[n]]) if n in index else 0 for n in models}
+        replicas = {n: sum(n in placed for placed in sel.models) for n in models}
+        needy = [n for n in sorted(models, key=lambda n: (-unserved[n], n)) if unserved[n] > 0][:REFINE_TOP_MODELS]
+        spare = sorted(((g, m) for g, placed in enumerate(sel.models) for m in placed
+                        if m not in needy and replicas.get(m, 0) > 1),
+                       key=lambda gm: (unserved.get(gm[1], 0) / replicas[gm[1]], -replicas[gm[1]], gm))
+        spare = spare[:REFINE_SPARE_REPLICAS]
+        moves = [(g, None, n) for n in needy for g in range(len(sel.groups)) if _fits(problem, sel, g, n)]
+        moves += [(g, out, n) for n in needy for g, out in spare if n not in sel.models[g]]
+        moves += [(g, out, None) for g, out in spare]
+        improved = False
+        for g, out, into in moves:
+            candidate = _move(problem, sel, g, out, into)
+            if candidate is None:
+                continue
+            if spent >= budget:
+                break
+            _evaluate(problem, candidate, workload)
+            spent += 1
+            if candidate.good > sel.good:
+                sel, improved = candidate, True
+                break
+        if not improved:
+            break
+    return sel
+
+
+def _move(problem: _Problem, sel: _Selection, g: int, out: str | None, into: str | None) -> _Selection | None:
+    """`sel` with replica `out` removed from group g and `into` added to it (either may be None); None if the
+    result breaks the memory constraint."""
+    new = sel.copy()
+    if out is not None:
+        new.models[g].remove(out)
+        weights = _stage_weights(problem, out, sel.groups[g][1])
+        new.memory[g] = [used - w for used, w in zip(new.memory[g], weights)]
+    if into is not None:
+        if not _fits(problem, new, g, into):
+            return None
+        new = _add(problem, new, g, into)
+    return new
 
 
 class _Room:
@@ -563,6 +692,8 @@ def plan(model_names: Sequence[str], profiles: ProfileSet, workload: Workload, n
     logger.info("%s: %d models, %d devices, %d model-bucket options", config.name, len(names), num_devices, len(bucket_options))
     if all(len(buckets) > num_devices for buckets in bucket_options):
         bucket_options = [[sorted(names)]]  # fewer devices than buckets: one bucket for all models
+    elif config.one_bucket_candidate and all(len(buckets) > 1 for buckets in bucket_options):
+        bucket_options.append([sorted(names)])
     for buckets in bucket_options:
         if len(buckets) > num_devices:
             continue
@@ -692,7 +823,8 @@ def _best_for_bucket(problem: _Problem, bucket: Sequence[str], devices: int) -> 
         if config.screen_fraction < 1.0 else workload
     screen_stressed = _stress_set(problem, screen)
     quick = _Problem(problem.profiles, screen, problem.device_memory_bytes,
-                     replace(config, fast=True, replicas_per_round=0), problem.stats, problem.cache, problem.weights)
+                     replace(config, fast=True, replicas_per_round=0, refine_simulations=0, lookahead=0), problem.stats,
+                     problem.cache, problem.weights)
     ranked = [(_score(quick, greedy_selection(quick, bucket, groups, screen), screen, screen_stressed), order, groups)
               for order, groups in enumerate(uniform)]
     best_config: dict[int, tuple[_Scored, ParallelConfig]] = {}
