@@ -112,7 +112,7 @@ class PlannerConfig:
     screen_keep: int = DEFAULT_SCREEN_KEEP  # candidates per bucket planned in full after screening (0: all)
     uneven_partitions: bool = True  # Alg. 2: also two-size group partitions (beyond the paper's equal groups)
     one_bucket_candidate: bool = True  # Alg. 2: also all models in one bucket where the latency ratio splits them
-    refine_simulations: int = DEFAULT_REFINE_SIMULATIONS  # fast variant: local-search budget after the greedy
+    refine_simulations: int = DEFAULT_REFINE_SIMULATIONS  # fast variant (1 replica per round): local-search budget
     lookahead: int = DEFAULT_LOOKAHEAD  # fast variant: models simulated per round per ranking (0: the paper's)
     lookahead_budget_requests: float = DEFAULT_LOOKAHEAD_BUDGET_REQUESTS  # ... where rounds x candidates x requests fit
     fill_memory: bool = True  # fast variant: keep adding replicas once every request is served (ties: fuller wins)
@@ -383,7 +383,7 @@ def _refine(problem: _Problem, models: Sequence[str], sel: _Selection, workload:
     and the fewest unserved requests per replica, or dropping such a replica (which relieves its group); take the
     first move that serves more requests and start again. Alg. 1's beam search explores these placements at many times the simulations."""
     budget = problem.config.refine_simulations
-    if budget <= 0 or not sel.groups or sel.attainment >= 1.0:
+    if budget <= 0 or problem.config.replicas_per_round != 1 or not sel.groups or sel.attainment >= 1.0:
         return sel
     index = {name: i for i, name in enumerate(workload.model_names)}
     spent = 0
