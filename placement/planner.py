@@ -71,6 +71,8 @@ DEFAULT_LOOKAHEAD = 3
 #: ... used only where (replicas that fit) x (candidates per round) x (requests) stays within this many simulated
 #: requests (about a fifth of a second of the compiled simulator): the 12-model x 8-device cases, not 48 x 64.
 DEFAULT_LOOKAHEAD_BUDGET_REQUESTS = 5e6
+#: (Model buckets, device split) pairs whose buckets are planned in full, the best by their screened candidates.
+DEFAULT_COMBOS_KEEP = 3
 #: Leading share of the (bucket's) workload the cheap screening ranks candidates on.
 DEFAULT_SCREEN_FRACTION = 0.5
 #: Uneven partitions: shares of the devices given to the larger of two group sizes...
@@ -111,6 +113,7 @@ class PlannerConfig:
     screen_fraction: float = DEFAULT_SCREEN_FRACTION  # Alg. 2 speed-up: rank candidates on this leading share...
     screen_keep: int = DEFAULT_SCREEN_KEEP  # candidates per bucket planned in full after screening (0: all)
     uneven_partitions: bool = True  # Alg. 2: also two-size group partitions (beyond the paper's equal groups)
+    combos_keep: int = DEFAULT_COMBOS_KEEP  # (model buckets, device split) pairs planned in full after screening
     one_bucket_candidate: bool = True  # Alg. 2: also all models in one bucket where the latency ratio splits them
     refine_simulations: int = DEFAULT_REFINE_SIMULATIONS  # fast variant (1 replica per round): local-search budget
     lookahead: int = DEFAULT_LOOKAHEAD  # fast variant: models simulated per round per ranking (0: the paper's)
@@ -132,6 +135,8 @@ class PlannerConfig:
             raise ValueError(f"lookahead={self.lookahead}: must be >= 0")
         if self.refine_simulations < 0:
             raise ValueError(f"refine_simulations={self.refine_simulations}: must be >= 0")
+        if self.combos_keep < 1:
+            raise ValueError(f"combos_keep={self.combos_keep}: must be >= 1")
         if self.screen_keep < 0:
             raise ValueError(f"screen_keep={self.screen_keep}: must be >= 0")
         if not 0.0 < self.screen_fraction <= 1.0:
@@ -694,24 +699,40 @@ def plan(model_names: Sequence[str], profiles: ProfileSet, workload: Workload, n
         bucket_options = [[sorted(names)]]  # fewer devices than buckets: one bucket for all models
     elif config.one_bucket_candidate and all(len(buckets) > 1 for buckets in bucket_options):
         bucket_options.append([sorted(names)])
+    combos = []
     for buckets in bucket_options:
         if len(buckets) > num_devices:
             continue
         minimum = [_min_devices(profiles, b, device_memory_bytes) for b in buckets]
         splits = device_buckets(num_devices, [sum(demand[n] for n in b) for b in buckets],
                                 config.device_bucket_discrepancy, config.max_device_splits, minimum)
-        for split in splits:
-            chosen = []
+        combos += [(buckets, split) for split in splits]
+    screened: dict[tuple, _Screened] = {}
+    if config.screen_keep and len(combos) > config.combos_keep:
+        # Beyond the paper: rank (model buckets, device split) pairs by their buckets' best screened candidates
+        # and run Alg. 1 in full only on the `combos_keep` best.
+        ranked = []
+        for order, (buckets, split) in enumerate(combos):
+            parts = []
             for bucket, devices in zip(buckets, split):
                 key = (tuple(bucket), devices)
-                if key not in cache:
-                    cache[key] = _best_for_bucket(problem, bucket, devices)
-                chosen.append(cache[key])
-            candidate = _Scored.concat(chosen)
-            if candidate.better_than(best, config.tie_tolerance):
-                best = candidate
-                logger.info("%s: new best %.4f with buckets of %s models on %s devices", config.name,
-                            candidate.selection.good / max(len(workload), 1), [len(b) for b in buckets], list(split))
+                if key not in screened:
+                    screened[key] = _screen_bucket(problem, bucket, devices)
+                parts.append(screened[key].estimate)
+            ranked.append((_Scored.concat(parts), order, (buckets, split)))
+        combos = _top(ranked, config.combos_keep, config.tie_tolerance)
+    for buckets, split in combos:
+        chosen = []
+        for bucket, devices in zip(buckets, split):
+            key = (tuple(bucket), devices)
+            if key not in cache:
+                cache[key] = _best_for_bucket(problem, bucket, devices, screened.get(key))
+            chosen.append(cache[key])
+        candidate = _Scored.concat(chosen)
+        if candidate.better_than(best, config.tie_tolerance):
+            best = candidate
+            logger.info("%s: new best %.4f with buckets of %s models on %s devices", config.name,
+                        candidate.selection.good / max(len(workload), 1), [len(b) for b in buckets], list(split))
     if best is None:
         raise ValueError(f"no feasible placement of {len(names)} models on {num_devices} devices "
                          f"with device_memory_bytes={device_memory_bytes}")
@@ -799,32 +820,56 @@ def _min_devices(profiles: ProfileSet, bucket: Sequence[str], device_memory_byte
     return max(1, math.ceil(weights / device_memory_bytes) if weights else 1)
 
 
-def _best_for_bucket(problem: _Problem, bucket: Sequence[str], devices: int) -> _Scored:
+@dataclass
+class _Screened:
+    """A bucket's screening: the best screened candidate's score (an estimate) and the candidates kept."""
+
+    estimate: _Scored
+    keep: list
+
+
+def _best_for_bucket(problem: _Problem, bucket: Sequence[str], devices: int,
+                     screened: _Screened | None = None) -> _Scored:
     """The inner loops of Alg. 2 for one bucket: group partitions x parallel configurations, Alg. 1 each.
 
     Candidates: the paper's equal-group partitions with every parallel configuration of their size, and (beyond
     the paper's pruning) two-size partitions of the :data:`UNEVEN_TOP_SIZES` best-screened sizes, each size with
     its best-screened configuration (unscreened: every configuration pair). With more than `screen_keep`
-    of them, every candidate is first ranked cheaply (the fast variant of Alg. 1 with about an eighth of the
-    replicas per simulation, on the leading `screen_fraction` of the workload) and only the `screen_keep` best
+    of them, every candidate is first ranked cheaply (:func:`_screen_bucket`) and only the `screen_keep` best
     are re-run with the configured Alg. 1 on all of it; `screen_keep=0` plans every candidate in full."""
     config = problem.config
     workload = problem.workload.for_models(bucket)
     stressed = _stress_set(problem, workload)
-    uniform = [list(zip(sizes, configs))
-               for sizes in group_partitions(devices, config)
-               for configs in parallel_configs(problem.profiles, bucket, sizes, config.allow_model_parallelism)]
+    uniform = _uniform_candidates(problem, bucket, devices)
     screening = 0 < config.screen_keep < len(uniform) + len(uneven_partitions(devices, config)) and len(workload) > 1
     if not screening:
         candidates = uniform + _uneven_candidates(problem, bucket, devices, None)
         return _plan_candidates(problem, bucket, devices, candidates, workload, stressed)
-    start = workload.arrival_s[0]
+    screened = screened or _screen_bucket(problem, bucket, devices)
+    return _plan_candidates(problem, bucket, devices, screened.keep, workload, stressed)
+
+
+def _uniform_candidates(problem: _Problem, bucket: Sequence[str], devices: int) -> list:
+    return [list(zip(sizes, configs))
+            for sizes in group_partitions(devices, problem.config)
+            for configs in parallel_configs(problem.profiles, bucket, sizes, problem.config.allow_model_parallelism)]
+
+
+def _screen_bucket(problem: _Problem, bucket: Sequence[str], devices: int) -> _Screened:
+    """The cheap ranking of a bucket's candidates (beyond the paper): the fast variant with about an eighth of the
+    replicas per simulation, on the leading `screen_fraction` of the bucket's workload, scored like Alg. 2 scores
+    (requests served, then the stress replays); equal partitions first, then two-size partitions of the best
+    sizes. Keeps the `screen_keep` best."""
+    config = problem.config
+    workload = problem.workload.for_models(bucket)
+    start = workload.arrival_s[0] if len(workload) else 0.0
     screen = workload.window(start, start + config.screen_fraction * workload.duration_s) \
-        if config.screen_fraction < 1.0 else workload
+        if config.screen_fraction < 1.0 and len(workload) > 1 else workload
     screen_stressed = _stress_set(problem, screen)
     quick = _Problem(problem.profiles, screen, problem.device_memory_bytes,
                      replace(config, fast=True, replicas_per_round=0, refine_simulations=0, lookahead=0), problem.stats,
                      problem.cache, problem.weights)
+    uniform = _uniform_candidates(problem, bucket, devices)
     ranked = [(_score(quick, greedy_selection(quick, bucket, groups, screen), screen, screen_stressed), order, groups)
               for order, groups in enumerate(uniform)]
     best_config: dict[int, tuple[_Scored, ParallelConfig]] = {}
@@ -839,9 +884,11 @@ def _best_for_bucket(problem: _Problem, bucket: Sequence[str], devices: int) -> 
                 len(ranked) + order, groups) for order, groups in enumerate(uneven)]
     problem.stats.candidates += len(ranked)
     keep = _top(ranked, config.screen_keep, config.tie_tolerance)
-    logger.info("%s: bucket of %d models on %d devices: screened %d candidates, planning %s",
+    estimate = next(scored for scored, _, groups in ranked if groups is keep[0]) if keep else \
+        _Scored(_Selection([], [], []), len(screen))
+    logger.info("%s: bucket of %d models on %d devices: screened %d candidates, best %s",
                 config.name, len(bucket), devices, len(ranked), [_describe(groups) for groups in keep])
-    return _plan_candidates(problem, bucket, devices, keep, workload, stressed)
+    return _Screened(estimate, keep)
 
 
 def _top(ranked: list[tuple[_Scored, int, list]], count: int, tolerance: float) -> list:
