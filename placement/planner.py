@@ -16,10 +16,17 @@ Beyond the paper (each a `PlannerConfig` field; issue 15 measured why, see bench
 * candidates that serve the planning workload about equally well (within `tie_tolerance`, both above
   :data:`STRESS_MIN_ATTAINMENT`) are told apart by denser replays of it (`stress_factors`): on bursty traffic
   (CV 4) every partition may serve a 100 s sample fully while one-device groups miss 7-8x more held-out SLOs;
+* (model buckets, device split) pairs are ranked by their screened candidates and only the best few planned in
+  full (`combos_keep`); all models in one bucket is also a candidate (`one_bucket_candidate`): the paper's
+  latency-ratio rule cut the winner on the six-model Table 1 mix;
+* where the case is small enough (`lookahead_budget_requests`), the fast variant simulates a few models per round
+  (`lookahead`) and a budgeted local search follows it (`refine_simulations`): within 0.005 of beam search of
+  size 3 at a tenth of its simulations;
 * a warm start: `plan(..., warm_start=running)` also scores the running placement and its groups re-selected.
 
-`screen_keep=0, uneven_partitions=False, stress_factors=()` is the paper's search (every equal partition x
-configuration planned in full, ranked by planning attainment). Further opt-in speed-ups for large cases:
+`screen_keep=0, uneven_partitions=False, stress_factors=(), one_bucket_candidate=False, lookahead=0,
+refine_simulations=0, fill_memory=False` is the paper's search (every equal partition x configuration planned in
+full, ranked by planning attainment). Further opt-in speed-ups for large cases:
 several replicas per simulation in the full run too (`replicas_per_round`), and models ranked by unserved requests
 per weight byte (`fast_rank`).
 """
@@ -671,7 +678,9 @@ def _score(problem: _Problem, sel: _Selection, workload: Workload, stressed: Seq
 def plan(model_names: Sequence[str], profiles: ProfileSet, workload: Workload, num_devices: int,
          device_memory_bytes: int, config: PlannerConfig | None = None, warm_start: Placement | None = None) -> Placement:
     """AlpaServe Alg. 2: enumerate model buckets, device buckets, group partitions and parallel configurations,
-    place each bucket with Alg. 1 on its share of the workload, and keep the best concatenation.
+    place each bucket with Alg. 1 on its share of the workload, and keep the best concatenation. With screening
+    on and more than `combos_keep` (model buckets, device split) pairs, the pairs are ranked by their buckets'
+    best screened candidates first and only the best `combos_keep` are planned in full.
 
     `warm_start`, a running placement: it is a candidate as it runs, and so are its groups with their models
     re-selected by Alg. 1, so the search never returns a placement that serves fewer planning requests."""
@@ -897,12 +906,11 @@ def _top(ranked: list[tuple[_Scored, int, list]], count: int, tolerance: float) 
     left = list(ranked)
     kept = []
     while left and len(kept) < count:
-        best = left[0]
-        for item in left[1:]:
-            if item[0].better_than(best[0], tolerance):
-                best = item
-        kept.append(best[2])
-        left.remove(best)
+        best = 0
+        for i in range(1, len(left)):
+            if left[i][0].better_than(left[best][0], tolerance):
+                best = i
+        kept.append(left.pop(best)[2])
     return kept
 
 
@@ -923,6 +931,7 @@ def _uneven_candidates(problem: _Problem, bucket: Sequence[str], devices: int,
 
 def _plan_candidates(problem: _Problem, bucket: Sequence[str], devices: int, candidates: list,
                      workload: Workload, stressed: Sequence[Workload]) -> _Scored:
+    """Alg. 1 in full on each candidate; the best by Alg. 2's comparison (:meth:`_Scored.better_than`)."""
     best: _Scored | None = None
     for groups in candidates:
         scored = _score(problem, greedy_selection(problem, bucket, groups, workload), workload, stressed)
