@@ -751,9 +751,13 @@ def plan(model_names: Sequence[str], profiles: ProfileSet, workload: Workload, n
 
 
 def _warm_candidates(problem: _Problem, names: Sequence[str], running: Placement, num_devices: int) -> _Scored | None:
-    """The warm start's two candidates (the running placement as is; its groups re-selected by Alg. 1), the better
-    one; None when the running placement no longer fits the cluster (fewer devices, a model without a profile)."""
+    """The warm start's two candidates (the running placement as is, less models no longer asked for; its groups
+    re-selected by Alg. 1), the better one; None when the running placement no longer fits the cluster (more
+    devices, a model or configuration without a profile, weights beyond the memory)."""
     if running.num_devices > num_devices or not running.groups:
+        return None
+    models = problem.profiles.models
+    if any(n not in models or not models[n].has(g.config) for g in running.groups for n in g.models):
         return None
     try:
         running.check_memory(problem.profiles, problem.device_memory_bytes)
@@ -761,8 +765,6 @@ def _warm_candidates(problem: _Problem, names: Sequence[str], running: Placement
         return None
     groups = [(g.num_devices, g.config) for g in running.groups]
     hosted = [[n for n in g.models if n in names] for g in running.groups]
-    if any(not problem.profiles.models[n].has(c) for (_, c), models in zip(groups, hosted) for n in models):
-        return None
     workload, stressed = problem.workload, _stress_set(problem, problem.workload)
     incumbent = _Selection(groups, hosted, [[0] * c.pipeline_stages for _, c in groups])
     _evaluate(problem, incumbent, workload)

@@ -212,8 +212,10 @@ def test_warm_start_never_returns_less_than_the_running_placement():
     assert warm.predicted_slo_attainment >= keep
     assert [g.num_devices for g in warm.groups] == [2]
     assert simulate(warm, profiles, workload).slo_attainment() == pytest.approx(warm.predicted_slo_attainment)
-    # A running placement that no longer fits the cluster is ignored, not an error.
+    # A running placement that no longer fits the cluster, or hosts a model without a profile, is ignored.
     assert plan(names, profiles, workload, 1, budget, single, warm_start=running).num_devices == 1
+    ghost = Placement(groups=[GroupPlacement(num_devices=1, config=ParallelConfig(), models=["ghost"])])
+    assert plan(names, profiles, workload, 2, budget, single, warm_start=ghost).models() <= set(names)
 
 
 SIX_MODELS = ("bert-1.3b", "bert-2.7b", "bert-6.7b", "moe-1.3b", "moe-2.4b", "moe-5.3b")
