@@ -852,8 +852,9 @@ def _best_for_bucket(problem: _Problem, bucket: Sequence[str], devices: int,
     workload = problem.workload.for_models(bucket)
     stressed = _stress_set(problem, workload)
     uniform = _uniform_candidates(problem, bucket, devices)
-    screening = 0 < config.screen_keep < len(uniform) + len(uneven_partitions(devices, config)) and len(workload) > 1
-    if not screening:
+    if len(workload) <= 1:  # no traffic to tell candidates apart: the equal partitions suffice
+        return _plan_candidates(problem, bucket, devices, uniform, workload, stressed)
+    if not 0 < config.screen_keep < len(uniform) + len(uneven_partitions(devices, config)):
         candidates = uniform + _uneven_candidates(problem, bucket, devices, None)
         return _plan_candidates(problem, bucket, devices, candidates, workload, stressed)
     screened = screened or _screen_bucket(problem, bucket, devices)
