@@ -352,7 +352,8 @@ def _lookahead_greedy(problem: _Problem, models: Sequence[str], sel: _Selection,
     """The fast variant of §4.2 with a look-ahead (beyond the paper), for cases small enough to afford it: each
     round simulates the `lookahead` best models by unserved requests and the `lookahead` best by unserved
     requests per weight byte, each on its feasible group with the lowest utilisation, and keeps the best; once
-    every request is served the plain fast variant fills the memory left. Between the fast variant (one
+    every request is served (or no model with unserved requests fits) the plain fast variant fills the memory
+    left. Between the fast variant (one
     simulation per replica) and Alg. 1's beam search (models x groups x beam per replica)."""
     index = {name: i for i, name in enumerate(workload.model_names)}
     total = np.bincount(workload.model, minlength=len(workload.model_names))
@@ -375,8 +376,8 @@ def _lookahead_greedy(problem: _Problem, models: Sequence[str], sel: _Selection,
             candidate_result = _evaluate(problem, candidate, workload)
             if chosen is None or candidate.good > chosen[0].good:
                 chosen = (candidate, candidate_result, g, name)
-        if chosen is None:
-            return best
+        if chosen is None:  # no model with unserved requests fits any more: fill what is left below
+            break
         sel, result, g, name = chosen
         room.add(g, name)
         if sel.attainment > best.attainment or (problem.config.fill_memory and sel.attainment >= best.attainment):
