@@ -159,3 +159,26 @@ def replicate_profiles(profiles: ProfileSet, counts: dict[str, int]) -> PaperMod
             instance_of[instance] = model
     return PaperModelSet(profiles=ProfileSet(source=profiles.source, device=profiles.device, models=models),
                          instance_of=instance_of)
+
+
+#: The `alpa/bert-1.3b` profile that AlpaServe's own code ships for its tests: pipeline stages -> (per-stage
+#: latency at batch size 1 in seconds, weight bytes per device of each stage). Single-device latency 0.099 s.
+ALPASERVE_TEST_BERT_1_3B: dict[int, tuple[tuple[float, ...], int]] = {
+    1: ((0.099,), int(2.6 * GB)),
+    2: ((0.051, 0.052), int(1.3 * GB)),
+    4: ((0.028, 0.027, 0.027, 0.029), int(0.65 * GB)),
+    8: ((0.015,) + (0.014,) * 6 + (0.016,), int(0.325 * GB)),
+}
+
+
+def alpaserve_test_profiles(count: int) -> ProfileSet:
+    """`count` copies ('bert-1.3b-<i>') of :data:`ALPASERVE_TEST_BERT_1_3B` (pipeline configurations only, batch
+    size 1 only: the AlpaServe test case runs without batching)."""
+    if count < 1:
+        raise ValueError(f"count={count}: must be >= 1")
+    configs = [ConfigProfile(config=ParallelConfig(pipeline_stages=stages),
+                             stages=[StageProfile(latency_s={1: latency}, weight_bytes_per_device=weight)
+                                     for latency in latencies])
+               for stages, (latencies, weight) in ALPASERVE_TEST_BERT_1_3B.items()]
+    models = {f"bert-1.3b-{i}": ModelProfile(name=f"bert-1.3b-{i}", configs=configs) for i in range(count)}
+    return ProfileSet(source="paper-reproduction", device="V100 16GB (AlpaServe test profile)", models=models)

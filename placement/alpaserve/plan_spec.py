@@ -86,7 +86,7 @@ class PlannerSpec(_Strict):
     beam_size: int = Field(default=1, ge=1, description="AlpaServe Alg. 1 beam size (used when fast is false).")
     fast: bool = Field(default=True, description="The fast variant of Alg. 1 (one simulation per placed replica).")
     replicas_per_round: int = Field(default=1, ge=0, description="Fast variant: replicas placed per simulation (0: groups/4).")
-    screen_fraction: float = Field(default=1.0, gt=0, le=1, description="Alg. 2: share of the workload used to screen candidates.")
+    screen_fraction: float | None = Field(default=None, gt=0, le=1, description="Alg. 2: share of the workload used to screen candidates (None: the planner's default).")
     max_group_devices: int = Field(default=16, ge=1, description="Largest device group considered.")
 
 
@@ -192,8 +192,9 @@ def planner_config(spec: PlanSpec):
     """The AlpaServe planner's knobs and simulated system a planning spec describes."""
     from placement.alpaserve.planner import PlannerConfig
     p = spec.planner
+    screening = {} if p.screen_fraction is None else {"screen_fraction": p.screen_fraction}
     return PlannerConfig(beam_size=p.beam_size, fast=p.fast, replicas_per_round=p.replicas_per_round,
-                         screen_fraction=p.screen_fraction, max_group_devices=p.max_group_devices,
+                         max_group_devices=p.max_group_devices, **screening,
                          allow_model_parallelism=p.name != "selective_replication",
                          simulator=simulator_config(spec), name=p.name)
 

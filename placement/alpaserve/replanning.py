@@ -111,7 +111,8 @@ class ReplanPolicy:
         if len(workload):
             groups = [(g.num_devices, g.config) for g in current.groups]
             rehost = select_models(names, self.profiles, workload, groups, self.device_memory_bytes, self.planner)
-            replan = plan(names, self.profiles, workload, self.num_devices, self.device_memory_bytes, self.planner)
+            replan = plan(names, self.profiles, workload, self.num_devices, self.device_memory_bytes, self.planner,
+                          warm_start=current)
             for name, placement in (("rehost", rehost), ("replan", replan)):
                 # Models without recent traffic keep (at least) one replica: the live system still answers them.
                 complete, left_out = place_unplaced(placement, names, self.profiles, self.device_memory_bytes)
