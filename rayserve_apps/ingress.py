@@ -40,6 +40,7 @@ from rayserve_apps import metrics
 from rayserve_apps.edge import native
 from rayserve_apps.edge import kserve, openai_api
 from rayserve_apps.edge.answer import answer, guarded
+from rayserve_apps.edge.attainment import SloAttainment
 from rayserve_apps.edge.errors import install_error_handlers
 from rayserve_apps.edge.schemas import ERROR_RESPONSES, ClassifyRequest, ClassifyResponse, EmbedRequest, EmbedResponse, json_body
 from rayserve_apps.backends import Backend, GroupBackend, ModelDeploymentBackend, ModelRouterBackend
@@ -89,8 +90,7 @@ class Ingress:
         self.controller = controller
         self.traffic = TrafficReporter(controller, self.spec.controller.stats_report_period_s) if controller and self.spec.controller else None
         self.backend: Backend = ModelRouterBackend(self.groups, ModelDeploymentBackend(model_handles or {}))
-        self._answered: dict[str, int] = {}
-        self._met: dict[str, int] = {}
+        self.attainment = SloAttainment()
         self.tokenizers: dict[str, TextTokenizer] = {
             m.name: load_text_tokenizer(m.source) for m in self.spec.models if m.kind == "text"
         }
@@ -164,7 +164,7 @@ class Ingress:
     async def _call(self, spec: ModelSpec, method: str, payload: Any, options: dict[str, Any] | None = None,
                     slo_ms: float | None = None) -> Any:
         """Send to the backend with the SLO (the request's, else the model's) as deadline; count outcomes and
-        SLO attainment."""
+        SLO attainment (on the model's SLO, refused requests included: `edge/attainment.py`)."""
         start = time.monotonic()
         arrival = time.time()
         model = spec.name
@@ -176,27 +176,32 @@ class Ingress:
             outcome = "rejected" if error.status_code == 503 else "invalid"
             metrics.requests_total().inc(tags={"model": model, "outcome": outcome})
             self._report(RequestRecord(model, arrival, outcome, input_tokens=tokens))
+            if outcome == "rejected":
+                self._record_attainment(model, met=False)
             raise
         except BackPressureError:
             metrics.rejections_total().inc(tags={"model": model, "reason": "overloaded"})
             metrics.requests_total().inc(tags={"model": model, "outcome": "rejected"})
             self._report(RequestRecord(model, arrival, "rejected", input_tokens=tokens))
+            self._record_attainment(model, met=False)
             raise
         except Exception:
             metrics.requests_total().inc(tags={"model": model, "outcome": "failed"})
             self._report(RequestRecord(model, arrival, "failed", input_tokens=tokens))
+            self._record_attainment(model, met=False)
             raise
         latency_ms = (time.monotonic() - start) * 1000.0
-        met = latency_ms <= slo_ms
+        met = latency_ms <= spec.slo_ms  # the model's SLO: a client's slo_ms sets its deadline, not what counts as met
         self._report(RequestRecord(model, arrival, "ok", latency_ms=latency_ms, slo_met=met, input_tokens=tokens))
-        self._answered[model] = self._answered.get(model, 0) + 1
-        self._met[model] = self._met.get(model, 0) + int(met)
         metrics.requests_total().inc(tags={"model": model, "outcome": "ok"})
         metrics.request_latency_ms().observe(latency_ms, tags={"model": model})
         if met:
             metrics.slo_met_total().inc(tags={"model": model})
-        metrics.slo_attainment().set(self._met[model] / self._answered[model], tags={"model": model})
+        self._record_attainment(model, met)
         return result
+
+    def _record_attainment(self, model: str, met: bool) -> None:
+        metrics.slo_attainment().set(self.attainment.record(model, met), tags={"model": model})
 
     def _report(self, record: RequestRecord) -> None:
         if self.traffic is not None:

@@ -174,3 +174,18 @@ def test_kserve_binary_and_json_inputs():
     short = InferInput(name="images", shape=[2, 3, 4, 4], datatype="FP32", parameters={"binary_data_size": 8})
     assert raised(input_array, short, array.tobytes(), 0).error_type == "invalid_shape"
     assert raised(input_array, InferInput(name="x", shape=[1], datatype="FP32", data=[1]), b"", 0).field == "inputs.x"
+
+
+def test_slo_attainment_counts_refused_requests_over_a_window():
+    from rayserve_apps.edge.attainment import SloAttainment
+
+    now = [0.0]
+    attainment = SloAttainment(window_s=10.0, clock=lambda: now[0])
+    assert attainment.value("m") is None
+    for met in (True, True, False, False):  # two answered in time, one refused, one late
+        attainment.record("m", met)
+    assert attainment.value("m") == 0.5
+    now[0] = 11.0  # the first four aged out of the window
+    assert attainment.record("m", True) == 1.0 and attainment.value("other") is None
+    with pytest.raises(ValueError, match="window_s"):
+        SloAttainment(window_s=0)
