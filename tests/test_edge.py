@@ -189,3 +189,24 @@ def test_slo_attainment_counts_refused_requests_over_a_window():
     assert attainment.record("m", True) == 1.0 and attainment.value("other") is None
     with pytest.raises(ValueError, match="window_s"):
         SloAttainment(window_s=0)
+
+
+def test_raw_uint8_pixels_channels_first_or_last_equal_the_file():
+    pixels = np.random.default_rng(4).integers(0, 256, size=(20, 24, 3), dtype=np.uint8)  # not the model's size
+    decoder = ImageDecoder(ModelSpec(**VISION))
+    from_file = decoder.decode([encoded(Image.fromarray(pixels), "PNG")])
+    assert np.allclose(decoder.from_pixels(pixels[None]), from_file, atol=1e-6)
+    assert np.allclose(decoder.from_pixels(pixels.transpose(2, 0, 1)[None]), from_file, atol=1e-6)
+    assert raised(decoder.from_pixels, pixels[None, :, :, :2]).error_type == "invalid_shape"
+
+
+def test_kserve_text_input_json_and_binary():
+    from rayserve_apps.edge.kserve import text_input
+
+    texts = ["héllo", "wörld"]
+    raw = b"".join(len(t.encode()).to_bytes(4, "little") + t.encode() for t in texts)
+    binary = InferInput(name="texts", shape=[2], datatype="BYTES", parameters={"binary_data_size": len(raw)})
+    assert text_input(binary, raw) == texts
+    assert text_input(InferInput(name="texts", shape=[2, 1], datatype="BYTES", data=texts), b"") == texts
+    assert raised(text_input, InferInput(name="texts", shape=[3], datatype="BYTES", data=texts), b"").error_type == "invalid_shape"
+    assert raised(text_input, InferInput(name="texts", shape=[1], datatype="BYTES", data=[7]), b"").error_type == "invalid_shape"

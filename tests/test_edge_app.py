@@ -209,6 +209,14 @@ def test_tritonclient_sees_the_server_and_infers_like_classify(app):
         result = client.infer("vit", [tensor], outputs=outputs)
         assert result.as_numpy("label").tolist() == [p["label"] for p in expected]
         assert np.allclose(result.as_numpy("probabilities"), [p["probabilities"] for p in expected], atol=1e-6)
+    pixels = np.random.default_rng(5).integers(0, 256, size=(2, 20, 20, 3), dtype=np.uint8)  # raw, channels last
+    tensor = triton.InferInput("images", list(pixels.shape), "UINT8")
+    tensor.set_data_from_numpy(pixels)
+    as_pixels = post(app, "/v1/models/vit/classify", json={"images": pixels.tolist(), "dtype": "uint8"}).json()["predictions"]
+    assert client.infer("vit", [tensor]).as_numpy("label").tolist() == [p["label"] for p in as_pixels]
+    texts = triton.InferInput("texts", [len(TEXTS)], "BYTES")
+    texts.set_data_from_numpy(np.asarray(TEXTS, dtype=object))
+    assert np.allclose(client.infer("minilm", [texts]).as_numpy("embeddings"), embed(app, TEXTS), atol=1e-6)
     with pytest.raises(triton.InferenceServerException):
         client.get_model_metadata("absent")
 
@@ -227,6 +235,8 @@ def test_image_files_label_names_top_k_and_arrays_through_the_handle(app):
     assert response.status_code == 200, response.text
     (as_png,) = response.json()["predictions"]
     assert as_png["label"] == as_list["label"] and np.allclose(as_png["probabilities"], as_list["probabilities"], atol=1e-5)
+    as_pixels = post(app, "/v1/models/vit/classify", json={"images": pixels[None].tolist(), "dtype": "uint8"})
+    assert np.allclose(as_pixels.json()["predictions"][0]["probabilities"], as_png["probabilities"], atol=1e-6)
     assert as_png["label_name"] == LABELS[as_png["label"]] and as_png["top_k"][0]["label"] == as_png["label"] and len(as_png["top_k"]) == 2
     jpeg = io.BytesIO()
     Image.fromarray(np.full((224, 224, 3), 128, dtype=np.uint8)).save(jpeg, format="JPEG", quality=90)

@@ -1,4 +1,4 @@
-"""Image files at the edge: base64 PNG/JPEG -> the model's input tensor, and label names for its classes.
+"""Images at the edge: base64 PNG/JPEG files and raw uint8 pixels -> the model's input tensor; label names.
 
 Decoding uses Pillow; the transform is timm's for the checkpoint's architecture (`resolve_data_config` over the
 architecture's pretrained config with the served model's input size, then `create_transform`): resize the shorter
@@ -113,10 +113,30 @@ class ImageDecoder:
             image = image.convert(self.mode)
         except (OSError, ValueError, SyntaxError) as error:  # a truncated or corrupt file fails while decoding
             raise RequestError(422, "invalid_image", f"the image cannot be decoded ({error})", field=field) from None
-        if image.size == (self.width, self.height):  # already the model's size: only scale and normalise
+        return self.model_input(image)
+
+    def model_input(self, image: Image.Image) -> np.ndarray:
+        """A decoded image (in the model's mode) -> float32 [C, H, W]: timm's transform, or only scaling and
+        normalisation when the image already has the model's size."""
+        if image.size == (self.width, self.height):
             pixels = np.asarray(image, dtype=np.float32).reshape(self.height, self.width, self.channels) / 255.0
             return (pixels.transpose(2, 0, 1) - self.mean) / self.std
         return self.transform(image).numpy().astype(np.float32)
+
+    def from_pixels(self, pixels: np.ndarray, field: str = "images") -> np.ndarray:
+        """Raw uint8 pixels [N, C, H, W] or [N, H, W, C] of any size -> float32 [N, C, H, W] like a file's."""
+        if pixels.ndim != 4 or self.channels not in (pixels.shape[1], pixels.shape[3]):
+            raise RequestError(422, "invalid_shape", f"uint8 images must be [N, {self.channels}, H, W] or [N, H, W, {self.channels}], "
+                               f"got {list(pixels.shape)}", field=field)
+        if self.mode is None:
+            raise RequestError(422, "unsupported_field", f"uint8 images cannot feed a {self.channels}-channel model; send float32", field=field)
+        channels_last = pixels if pixels.shape[1] != self.channels else pixels.transpose(0, 2, 3, 1)
+        if channels_last.shape[1] * channels_last.shape[2] > MAX_IMAGE_PIXELS:
+            raise RequestError(413, "image_too_large", f"images have {channels_last.shape[1]}x{channels_last.shape[2]} pixels; "
+                               f"the limit is {MAX_IMAGE_PIXELS} pixels", field=field)
+        images = [Image.fromarray(np.ascontiguousarray(image[..., 0] if self.channels == 1 else image))
+                  for image in channels_last.astype(np.uint8)]
+        return np.stack([self.model_input(image) for image in images])
 
 
 def with_label_names(predictions: list[dict[str, Any]], names: list[str] | None, top_k: int | None) -> list[dict[str, Any]]:

@@ -2,8 +2,10 @@
 
 - `GET /v2`, `/v2/health/live`, `/v2/health/ready` (503 unless every model is ready, see `health.py`);
 - `GET /v2/models/{name}` metadata and `/v2/models/{name}/ready`;
-- `POST /v2/models/{name}/infer` for vision models: one input `images`, FP32 [N, C, H, W] in the model's input
-  normalisation, or UINT8 (scaled by 1/255 like `dtype: uint8`), as JSON `data` or as binary data after the JSON
+- `POST /v2/models/{name}/infer`: for a text model one BYTES input `texts` [N] -> `embeddings` FP32 [N, width];
+  for a vision model one input `images`, FP32 [N, C, H, W] in the model's input
+  normalisation, or UINT8 raw pixels [N, C, H, W] or [N, H, W, C] of any size (resized and normalised like an image
+  file, as `dtype: uint8` on classify), as JSON `data` or as binary data after the JSON
   header (`Inference-Header-Content-Length`); outputs `probabilities` FP32 [N, classes] and `label` INT64 [N], as
   JSON or binary (`binary_data_output`, or per output `binary_data`). What `tritonclient.http` sends and reads.
 """
@@ -22,7 +24,7 @@ from rayserve_apps.edge.body_limit import read_body
 from rayserve_apps.edge.errors import input_errors
 from rayserve_apps.edge.health import models_ready
 from rayserve_apps.edge.schemas import Text, validate_body
-from rayserve_apps.edge.native import checked_images
+from rayserve_apps.edge.native import checked_images, embed_texts, from_pixels
 from rayserve_apps.requests import RequestError, find_model, parse_json_body
 
 if TYPE_CHECKING:
@@ -38,7 +40,11 @@ INPUT_DATATYPES = {"FP32": (np.float32, "float32"), "UINT8": (np.uint8, "uint8")
 IMAGES_INPUT = "images"
 PROBABILITIES_OUTPUT = "probabilities"
 LABEL_OUTPUT = "label"
-OUTPUT_DATATYPES = {PROBABILITIES_OUTPUT: ("FP32", np.float32), LABEL_OUTPUT: ("INT64", np.int64)}
+TEXTS_INPUT = "texts"
+EMBEDDINGS_OUTPUT = "embeddings"
+OUTPUT_DATATYPES = {PROBABILITIES_OUTPUT: "FP32", LABEL_OUTPUT: "INT64", EMBEDDINGS_OUTPUT: "FP32"}
+#: Bytes of the length before each element of a binary BYTES tensor.
+BYTES_LENGTH_PREFIX = 4
 #: Largest tensor rank accepted (an image batch is rank 4).
 MAX_RANK = 8
 
@@ -97,9 +103,9 @@ def model_metadata(ingress: "Ingress", name: str) -> dict[str, Any]:
         inputs = [{"name": IMAGES_INPUT, "datatype": "FP32", "shape": [-1, model.in_chans, side, side]}]
         outputs = [{"name": PROBABILITIES_OUTPUT, "datatype": "FP32", "shape": [-1, model.num_classes or -1]},
                    {"name": LABEL_OUTPUT, "datatype": "INT64", "shape": [-1]}]
-    else:  # text models answer on /v1/models/{name}/embed and /v1/embeddings; described for discovery
-        inputs = [{"name": "texts", "datatype": "BYTES", "shape": [-1]}]
-        outputs = [{"name": "embeddings", "datatype": "FP32", "shape": [-1, -1]}]
+    else:
+        inputs = [{"name": TEXTS_INPUT, "datatype": "BYTES", "shape": [-1]}]
+        outputs = [{"name": EMBEDDINGS_OUTPUT, "datatype": "FP32", "shape": [-1, -1]}]
     return {"name": name, "versions": [MODEL_VERSION], "platform": f"plexserve_{model.kind}", "inputs": inputs, "outputs": outputs}
 
 
@@ -166,7 +172,7 @@ def infer_response(name: str, request: InferRequest, tensors: dict[str, np.ndarr
     outputs, chunks = [], []
     for output in wanted:
         array = tensors[output.name]
-        entry: dict[str, Any] = {"name": output.name, "datatype": OUTPUT_DATATYPES[output.name][0], "shape": list(array.shape)}
+        entry: dict[str, Any] = {"name": output.name, "datatype": OUTPUT_DATATYPES[output.name], "shape": list(array.shape)}
         binary = output.parameters.binary_data if output.parameters.binary_data is not None else binary_default
         if binary:
             raw = np.ascontiguousarray(array).tobytes()
@@ -185,13 +191,41 @@ def infer_response(name: str, request: InferRequest, tensors: dict[str, np.ndarr
                     headers={HEADER_LENGTH: str(len(encoded))})
 
 
+def text_input(tensor: InferInput, binary: bytes) -> list[str]:
+    """A BYTES input of texts: JSON `data` strings, or binary elements (each a 4-byte little-endian length and the
+    UTF-8 bytes, Triton's layout)."""
+    field = f"inputs.{tensor.name}"
+    if tensor.name != TEXTS_INPUT or tensor.datatype != "BYTES":
+        raise RequestError(422, "invalid_field", f"text models take one BYTES input {TEXTS_INPUT!r}, got {tensor.name!r} of "
+                           f"{tensor.datatype}", field=field)
+    count = math.prod(tensor.shape) if all(size >= 0 for size in tensor.shape) else -1
+    with input_errors(field):
+        if tensor.parameters.binary_data_size is not None:
+            raw, texts, offset = binary[: tensor.parameters.binary_data_size], [], 0
+            while offset < len(raw):
+                length = int.from_bytes(raw[offset : offset + BYTES_LENGTH_PREFIX], "little")
+                texts.append(raw[offset + BYTES_LENGTH_PREFIX : offset + BYTES_LENGTH_PREFIX + length].decode("utf-8"))
+                offset += BYTES_LENGTH_PREFIX + length
+        else:
+            texts = np.asarray(tensor.data if tensor.data is not None else [], dtype=object).flatten().tolist()
+        if count != len(texts) or not all(isinstance(text, str) for text in texts):
+            raise RequestError(422, "invalid_shape", f"'{TEXTS_INPUT}' must hold {max(count, 0)} strings for shape {tensor.shape}", field=field)
+    return texts
+
+
 async def infer(ingress: "Ingress", name: str, request: Request) -> Response:
-    model = find_model(ingress.spec, name, "vision")
+    kind = next((m.kind for m in ingress.spec.models if m.name == name), "vision")
+    model = find_model(ingress.spec, name, kind)
     header, binary = split_body(await read_body(request, ingress.spec.serving.max_request_bytes), request.headers.get(HEADER_LENGTH))
     body = validate_body(InferRequest, header)
     if len(body.inputs) != 1:
-        raise RequestError(422, "invalid_field", f"vision models take one input {IMAGES_INPUT!r}, got {len(body.inputs)}", field="inputs")
+        raise RequestError(422, "invalid_field", f"{kind} models take one input, got {len(body.inputs)}", field="inputs")
+    if kind == "text":
+        texts = text_input(body.inputs[0], binary)
+        answer = await embed_texts(ingress, name, texts, field=f"inputs.{TEXTS_INPUT}")
+        return infer_response(name, body, {EMBEDDINGS_OUTPUT: np.asarray(answer["embeddings"], dtype=np.float32)})
     array, dtype, _ = input_array(body.inputs[0], binary, 0)
-    images = checked_images(ingress, model, array, dtype, field=f"inputs.{IMAGES_INPUT}")
+    field = f"inputs.{IMAGES_INPUT}"
+    images = await from_pixels(ingress, model, array, field) if dtype == "uint8" else checked_images(ingress, model, array, dtype, field)
     answer = await ingress.classify(name, images, "float32")
     return infer_response(name, body, output_tensors(answer["predictions"]))

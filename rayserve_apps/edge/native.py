@@ -48,10 +48,20 @@ class Edge:
 
 async def embed(ingress: "Ingress", name: str, payload: dict[str, Any]) -> dict[str, Any]:
     find_model(ingress.spec, name, "text")
-    body = validate_body(EmbedRequest, payload)
-    with input_errors("texts"):
-        texts = check_texts({"texts": body.texts}, ingress.spec.serving.max_items_per_request)
-    return await ingress.embed(name, texts)
+    return await embed_texts(ingress, name, validate_body(EmbedRequest, payload).texts)
+
+
+async def embed_texts(ingress: "Ingress", name: str, texts: list[str], field: str = "texts") -> dict[str, Any]:
+    """Check the texts against the spec's limits (4xx naming `field`), then embed them through the ingress."""
+    try:
+        with input_errors(field):
+            texts = check_texts({"texts": texts}, ingress.spec.serving.max_items_per_request)
+        return await ingress.embed(name, texts)
+    except RequestError as error:
+        if field == "texts" or not error.field or not error.field.startswith("texts"):
+            raise
+        raise RequestError(error.status_code, error.error_type, error.message.replace("texts", field, 1),
+                           field=error.field.replace("texts", field, 1)) from None
 
 
 def checked_images(ingress: "Ingress", model: ModelSpec, images: Any, dtype: Any, field: str = "images") -> np.ndarray:
@@ -61,8 +71,32 @@ def checked_images(ingress: "Ingress", model: ModelSpec, images: Any, dtype: Any
         return check_images({"images": images, "dtype": dtype}, ingress.edge.contract(model), ingress.spec.serving.max_items_per_request)
 
 
+def pixel_array(images: Any, field: str = "images") -> np.ndarray:
+    """Raw pixels: a 4-D array of integers in [0, 255] (checked; layout checked by `ImageDecoder.from_pixels`)."""
+    with input_errors(field):
+        array = np.asarray(images)
+        if array.dtype.kind not in "iu" or array.ndim != 4 or not array.size:
+            raise RequestError(422, "invalid_dtype", "uint8 images must be a non-empty 4-D array of integers in [0, 255]", field=field)
+        if array.min() < 0 or array.max() > np.iinfo(np.uint8).max:
+            raise RequestError(422, "invalid_dtype", "uint8 images must hold integers in [0, 255]", field=field)
+        return array.astype(np.uint8)
+
+
+async def from_pixels(ingress: "Ingress", model: ModelSpec, pixels: np.ndarray, field: str = "images") -> np.ndarray:
+    """Raw uint8 pixels (any size, channels first or last) resized and normalised like an image file."""
+    limit = ingress.spec.serving.max_items_per_request
+    if len(pixels) > limit:
+        raise RequestError(413, "too_many_items", f"'{field}' has {len(pixels)} items; the limit is {limit}", field=field)
+    decoder = ingress.edge.decoder(model)
+    with input_errors(field):
+        return await asyncio.to_thread(decoder.from_pixels, pixels, field)
+
+
 async def images_array(ingress: "Ingress", model: ModelSpec, body: ClassifyRequest) -> np.ndarray:
-    """The request's images as the model's float32 input [N, C, H, W], fully checked."""
+    """The request's images as the model's float32 input [N, C, H, W], fully checked: float32 tensors as given,
+    uint8 pixels and files resized and normalised with the checkpoint's timm data config."""
+    if body.images is not None and body.dtype == "uint8":
+        return await from_pixels(ingress, model, pixel_array(body.images))
     if body.images_base64 is None:
         return checked_images(ingress, model, body.images, body.dtype)
     limit = ingress.spec.serving.max_items_per_request

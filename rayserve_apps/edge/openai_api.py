@@ -20,7 +20,8 @@ from pydantic import BaseModel, Field, StrictInt
 
 from rayserve_apps.edge.errors import input_errors
 from rayserve_apps.edge.schemas import Text, StrictBody, validate_body
-from rayserve_apps.requests import RequestError, check_texts, find_model
+from rayserve_apps.edge.native import embed_texts
+from rayserve_apps.requests import RequestError, find_model
 
 if TYPE_CHECKING:
     from rayserve_apps.ingress import Ingress
@@ -58,25 +59,16 @@ class EmbeddingsResponse(BaseModel):
     usage: Usage
 
 
-def _as_input_field(error: RequestError) -> RequestError:
-    """A check's error about `texts[...]` renamed to OpenAI's field `input[...]`."""
-    field = error.field.replace("texts", "input", 1) if error.field else "input"
-    return RequestError(error.status_code, error.error_type, error.message.replace("texts", "input"), field=field)
-
-
 async def _embed_texts(ingress: "Ingress", model: str, texts: list[str]) -> tuple[list[list[float]], int]:
     """Embeddings through the ingress's `embed`, and the tokens they ran on, counted beside them in a thread."""
     tokenizer, limit = ingress.tokenizers[model], ingress.text_limits[model]
-    try:
-        texts = check_texts({"texts": texts}, ingress.spec.serving.max_items_per_request)
-    except RequestError as error:
-        raise _as_input_field(error) from None
-    counted = asyncio.to_thread(tokenizer.encode, texts, truncate_to=limit)
-    try:
-        answer, token_ids = await asyncio.gather(ingress.embed(model, texts), counted)
-    except RequestError as error:
-        raise _as_input_field(error) from None
-    return answer["embeddings"], sum(len(ids) for ids in token_ids)
+
+    async def count() -> int:
+        with input_errors("input"):
+            return sum(len(ids) for ids in await asyncio.to_thread(tokenizer.encode, texts, truncate_to=limit))
+
+    answer, tokens = await asyncio.gather(embed_texts(ingress, model, texts, field="input"), count())
+    return answer["embeddings"], tokens
 
 
 async def _embed_token_ids(ingress: "Ingress", model: str, token_ids: list[list[int]]) -> tuple[list[list[float]], int]:

@@ -55,12 +55,14 @@ class EmbedResponse(BaseModel):
 
 
 class ClassifyRequest(StrictBody):
-    """Images as nested lists [N, C, H, W] (`images`, already transformed for the model) or as base64 PNG/JPEG files
-    (`images_base64`, decoded, resized and normalised with the checkpoint's timm data config)."""
+    """Images as nested lists (`images`: float32 [N, C, H, W] already transformed for the model, or uint8 raw pixels)
+    or as base64 PNG/JPEG files (`images_base64`); pixels and files are resized and normalised with the checkpoint's
+    timm data config."""
 
     images: list[Any] | None = Field(default=None, min_length=1, description="Nested lists [N, C, H, W] of numbers.")
     images_base64: list[Text] | None = Field(default=None, min_length=1, description="Base64 PNG or JPEG files, one per image.")
-    dtype: Text = Field(default="float32", description="Element type of `images`: 'float32' (model input) or 'uint8' (0..255, scaled by 1/255).")
+    dtype: Text = Field(default="float32", description="Element type of `images`: 'float32' (the model's input, [N, C, H, W]) or "
+                        "'uint8' (raw pixels 0..255, [N, C, H, W] or [N, H, W, C] of any size, resized and normalised like a file).")
     task: Text | None = Field(default=None, min_length=1, description="Token-adaptation (OTAS) models: the task of every image.")
     slo_ms: FiniteNumber | None = Field(default=None, gt=0, description="Token-adaptation (OTAS) models: the query's latency objective, ms.")
     utility: FiniteNumber | None = Field(default=None, ge=0, description="Token-adaptation (OTAS) models: the query's utility.")
