@@ -22,6 +22,7 @@ on the application's handle (`serve.get_app_handle("plexserve")`). Bad input rai
 """
 
 
+import asyncio
 import logging
 import time
 from typing import Any, Awaitable, Callable
@@ -42,6 +43,7 @@ from rayserve_apps.edge import kserve, openai_api
 from rayserve_apps.edge.answer import answer, guarded
 from rayserve_apps.edge.attainment import SloAttainment
 from rayserve_apps.edge.errors import install_error_handlers
+from rayserve_apps.edge.health import group_info
 from rayserve_apps.edge.schemas import ERROR_RESPONSES, ClassifyRequest, ClassifyResponse, EmbedRequest, EmbedResponse, json_body
 from rayserve_apps.backends import Backend, GroupBackend, ModelDeploymentBackend, ModelRouterBackend
 from rayserve_apps.polymorph_runtime_deployment import polymorphing_params
@@ -152,7 +154,7 @@ class Ingress:
         """The live layout: the placement and, per group slot, what its replica reports."""
         layout = self.backend.describe()
         if self.group_handles:
-            layout["groups"] = [await handle.info.remote() for handle in self.group_handles]
+            layout["groups"] = list(await asyncio.gather(*(group_info(handle, i) for i, handle in enumerate(self.group_handles))))
         return layout
 
     async def placement_history(self, limit: int = DEFAULT_HISTORY_LIMIT) -> dict[str, Any]:

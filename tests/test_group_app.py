@@ -205,6 +205,7 @@ def test_killed_stage_actor_fails_only_its_requests_and_is_rebuilt(app):
     not_ready = requests.get(ready_url, timeout=60)
     assert not_ready.status_code == 503 and not_ready.json()["models"] == {"minilm": True, "vit": False, "vit-strict": True}
     assert requests.get(f"{app['url']}/healthz", timeout=60).json() == {"status": "unavailable", "not_ready": ["vit"]}
+    assert requests.get(f"{app['url']}/v1/placement", timeout=60).status_code == 200  # never hangs on the rebuilding group
     # The other model of the same group never noticed.
     assert len(handle.embed_token_ids.remote("minilm", [[101, 7592, 102]]).result(timeout_s=120)) == 1
     deadline = time.monotonic() + 180

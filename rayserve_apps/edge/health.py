@@ -22,6 +22,8 @@ logger = logging.getLogger("ray.serve")
 
 #: Seconds a readiness check waits for a group replica or for Serve's controller.
 READINESS_TIMEOUT_S = 2.0
+#: Seconds `GET /v1/placement` waits for a group replica's report (it waits while a hosted model is rebuilt).
+GROUP_INFO_TIMEOUT_S = 10.0
 #: Serve's status of a deployment whose replicas are all running and healthy.
 HEALTHY = "HEALTHY"
 
@@ -66,3 +68,13 @@ async def models_ready(ingress: "Ingress", names: list[str] | None = None) -> di
         deployments = ingress.backend.singles.describe()["deployments"]
         ready.update({name: statuses.get(deployments[name]) == HEALTHY for name in singles})
     return ready
+
+
+async def group_info(handle, index: int) -> dict:
+    """What group slot `index` reports for `GET /v1/placement`, or a note naming it when it does not answer in time
+    (so the route never hangs on a group whose model is being rebuilt)."""
+    try:
+        return await asyncio.wait_for(handle.info.remote(), GROUP_INFO_TIMEOUT_S)
+    except Exception as error:  # noqa: BLE001 - a group that cannot report is shown as such, not as a failed route
+        return {"group": f"group-{index}", "unavailable": f"no report within {GROUP_INFO_TIMEOUT_S:g} s ({type(error).__name__}); "
+                "a hosted model may be rebuilding"}
