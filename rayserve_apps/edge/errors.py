@@ -9,7 +9,6 @@ with "retry".
 
 from __future__ import annotations
 
-import logging
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
@@ -20,8 +19,6 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rayserve_apps.requests import RequestError
-
-logger = logging.getLogger("ray.serve")
 
 #: Error types of FastAPI's own HTTP errors, by status.
 HTTP_ERROR_TYPES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "request_too_large",

@@ -1,8 +1,9 @@
 """Readiness of the served models, for `/v2/health/ready`, `/v2/models/{name}/ready` and `/healthz`.
 
-A model is ready when it can answer now: a model in device groups when a group routed to it reports it ready (not
-while its stage actors are being rebuilt after a failure, nor while a re-placement hosts it nowhere); a model with a
-deployment of its own when Serve reports that deployment healthy. The server is ready when every model is.
+A model is ready when every copy of it answers now: a model in device groups when every group routed to it reports
+it ready (not while one group's stage actors for it are being rebuilt after a failure, nor while a re-placement hosts
+it nowhere); a model with a deployment of its own when Serve reports that deployment healthy. The server is ready
+when every model is.
 Readiness never waits on a model: each check has a short timeout and a model that does not answer in time is not
 ready.
 """
@@ -36,10 +37,11 @@ def _deployment_statuses() -> dict[str, str]:
 
 async def _grouped_ready(ingress: "Ingress", models: set[str]) -> dict[str, bool]:
     groups = ingress.groups
-    ready = {model: False for model in models}
     if groups is None:
-        return ready
+        return {model: False for model in models}
     slots = [index for index, routed in enumerate(groups.routes) if models & set(routed)]
+    hosted = {model: any(model in groups.routes[index] for index in slots) for model in models}
+    ready = dict(hosted)  # a model no group hosts right now (mid re-placement) is not ready
 
     async def ask(index: int) -> dict[str, bool]:
         try:
@@ -50,7 +52,7 @@ async def _grouped_ready(ingress: "Ingress", models: set[str]) -> dict[str, bool
 
     for index, answer in zip(slots, await asyncio.gather(*(ask(index) for index in slots))):
         for model in models & set(groups.routes[index]):
-            ready[model] = ready[model] or bool(answer.get(model))
+            ready[model] = ready[model] and bool(answer.get(model))
     return ready
 
 
