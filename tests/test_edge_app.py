@@ -191,6 +191,10 @@ def test_openai_client_gets_the_native_vectors(app):
         client.embeddings.create(model="minilm", input="hi", dimensions=8)
     with pytest.raises(openai.NotFoundError):
         client.embeddings.create(model="absent", input="hi")
+    with pytest.raises(openai.APIStatusError) as too_long:
+        client.embeddings.create(model="minilm", input=[[101] + [1000] * 300 + [102]])
+    error = too_long.value.body.get("error", too_long.value.body)  # the client unwraps {"error": ...}
+    assert too_long.value.status_code == 413 and error["field"] == "input[0]" and error["type"] == "input_too_long"
 
 
 def test_tritonclient_sees_the_server_and_infers_like_classify(app):

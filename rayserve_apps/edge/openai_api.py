@@ -75,6 +75,10 @@ async def _embed_token_ids(ingress: "Ingress", model: str, token_ids: list[list[
     limit = ingress.spec.serving.max_items_per_request
     if len(token_ids) > limit:
         raise RequestError(413, "too_many_items", f"'input' has {len(token_ids)} token arrays; the limit is {limit}", field="input")
+    for index, ids in enumerate(token_ids):
+        if len(ids) > ingress.text_limits[model]:
+            raise RequestError(413, "input_too_long", f"input[{index}] has {len(ids)} tokens; model {model!r} accepts at most "
+                               f"{ingress.text_limits[model]} tokens", field=f"input[{index}]")
     with input_errors("input"):
         try:
             ingress.tokenizers[model].check_token_ids(token_ids, ingress.text_limits[model])
