@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import requests
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 from ray import serve
@@ -28,9 +28,11 @@ TINY_VIT = dict(patch_size=4, depth=2, embed_dim=32, num_heads=2)
 VIT = dict(num_classes=4, image_size_px=16, in_chans=3)
 VIT_ARCH = "timm:vit_tiny_patch16_224"
 LABELS = ["cat", "dog", "fox", "owl"]
-MAX_REQUEST_BYTES = 256 * 1024
+#: Large enough that a 1 MB text reaches the tokenizer (and is refused there as too long, never a 5xx).
+MAX_REQUEST_BYTES = 3 * 1024 * 1024 // 2
+ONE_MB_TEXT = "word " * (1024 * 1024 // 5)
 #: Examples the fuzz test sends (bounded so that it stays well under a minute on two cores).
-FUZZ_EXAMPLES = 120
+FUZZ_EXAMPLES = 300
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +124,7 @@ def test_chunked_body_over_the_limit_is_refused(app):
 
 #: Strings clients send: surrogates, zero-width and right-to-left marks, combining marks, NUL, emoji, long ones.
 NASTY_TEXTS = st.sampled_from(["\ud800", "a\udfffb", "\u200b", "\u200b\u200d\ufeff", "\u202eabc", "e\u0301" * 50, "\x00",
-                               "😀" * 100, "word " * 600, "a" * (MAX_REQUEST_BYTES + 1), " ", ""])
+                               "😀" * 100, "word " * 600, ONE_MB_TEXT, "a" * (MAX_REQUEST_BYTES + 1), " ", ""])
 NUMBERS = st.one_of(st.integers(), st.sampled_from([10**400, -(10**400), 2**63, -1, 0, 1e308, -0.0, 5e-324]),
                     st.floats(allow_nan=True, allow_infinity=True))
 SCALARS = st.one_of(st.none(), st.booleans(), NUMBERS, st.text(max_size=20), NASTY_TEXTS)
@@ -157,6 +159,9 @@ def test_fuzzed_bodies_never_get_5xx_and_leave_the_replicas_answering(app):
     @settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=True, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(request=st.one_of(*(bodies(path) for path in FIELDS)))
+    @example(request=("/v1/models/minilm/embed", json.dumps({"texts": [ONE_MB_TEXT]}).encode()))
+    @example(request=("/v1/embeddings", json.dumps({"model": "minilm", "input": ONE_MB_TEXT}).encode()))
+    @example(request=("/v1/models/minilm/embed", json.dumps({"texts": ["\u200b", "\u202eabc", "a\udfffb"]}).encode()))
     def fuzz(request):
         path, body = request
         response = post(app, path, data=body, headers={"Content-Type": "application/json"})
