@@ -38,8 +38,7 @@ from placement.rollout import SlotLayout
 from placement.traffic_window import RequestRecord
 from placement.spec import DeploymentSpec, ModelSpec, parse_spec
 from rayserve_apps import metrics
-from rayserve_apps.edge import native
-from rayserve_apps.edge import kserve, openai_api
+from rayserve_apps.edge import kserve, native, openai_api
 from rayserve_apps.edge.answer import answer, guarded
 from rayserve_apps.edge.attainment import SloAttainment
 from rayserve_apps.edge.errors import install_error_handlers
@@ -225,7 +224,7 @@ class Ingress:
 
     @app.get("/v1/models")
     def http_models(self) -> dict[str, Any]:
-        return self.list_models()
+        return openai_api.with_model_list(self.list_models())
 
     @app.get("/v1/placement")
     async def http_placement(self) -> dict[str, Any]:

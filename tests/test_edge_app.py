@@ -192,6 +192,7 @@ def test_openai_client_gets_the_native_vectors(app):
     assert np.allclose(single.data[0].embedding, native[0], atol=1e-6)
     by_ids = client.embeddings.create(model="minilm", input=token_ids, encoding_format="float")
     assert np.allclose([d.embedding for d in by_ids.data], native, atol=1e-5)
+    assert {"minilm", "vit"} <= {model.id for model in client.models.list()}
     with pytest.raises(openai.UnprocessableEntityError, match="dimensions"):
         client.embeddings.create(model="minilm", input="hi", dimensions=8)
     with pytest.raises(openai.NotFoundError):

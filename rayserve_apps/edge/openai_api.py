@@ -6,7 +6,10 @@ list of them, ids of the *model's own* tokenizer with its special tokens), `enco
 little-endian float32 bytes), `dimensions` (accepted only when equal to the model's own width; plexserve does not
 shorten embeddings), `user` (accepted, not used). Response: `{"object": "list", "data": [{"object": "embedding",
 "index", "embedding"}], "model", "usage": {"prompt_tokens", "total_tokens"}}`, token counts as the model ran them
-(after truncation when its spec truncates).
+(after truncation when its spec truncates). `GET /v1/models` also answers in OpenAI's list shape.
+
+Connectors that tokenize with tiktoken before sending (LangChain's `OpenAIEmbeddings` unless
+`check_embedding_ctx_length=False`) send ids that mean nothing to these models: set that option off.
 """
 
 from __future__ import annotations
@@ -111,3 +114,10 @@ async def embeddings(ingress: "Ingress", payload: dict[str, Any]) -> dict[str, A
     data = [{"object": "embedding", "index": index, "embedding": _encode(vector, body.encoding_format)}
             for index, vector in enumerate(vectors)]
     return {"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+def with_model_list(models: dict[str, Any]) -> dict[str, Any]:
+    """`GET /v1/models` also in OpenAI's shape (`object: list`, `data: [{id, object: model, ...}]`), so that an
+    OpenAI client's `models.list()` sees the served models; plexserve's own `models` key is kept."""
+    data = [{"id": model["name"], "object": "model", "created": 0, "owned_by": "plexserve"} for model in models["models"]]
+    return {**models, "object": "list", "data": data}
