@@ -149,7 +149,7 @@ def test_a_224px_jpeg_fits_100kb_and_is_resized_for_the_model():
 @pytest.mark.parametrize("item, error_type", [("not base64!", "invalid_image"), (base64.b64encode(b"GIF89a....").decode(), "invalid_image"),
                                               (encoded(Image.new("RGB", (4, 4)), "GIF"), "invalid_image")])
 def test_bad_image_files_are_refused_by_index(item, error_type):
-    error = raised(ImageDecoder(ModelSpec(**VISION)).decode, ["", item][1:])
+    error = raised(ImageDecoder(ModelSpec(**VISION)).decode, [item])
     assert error.error_type == error_type and error.field == "images_base64[0]"
 
 
@@ -210,3 +210,10 @@ def test_kserve_text_input_json_and_binary():
     assert text_input(InferInput(name="texts", shape=[2, 1], datatype="BYTES", data=texts), b"") == texts
     assert raised(text_input, InferInput(name="texts", shape=[3], datatype="BYTES", data=texts), b"").error_type == "invalid_shape"
     assert raised(text_input, InferInput(name="texts", shape=[1], datatype="BYTES", data=[7]), b"").error_type == "invalid_shape"
+
+
+def test_a_lone_surrogate_quoted_back_in_an_error_still_encodes():
+    from rayserve_apps.edge.errors import error_response
+
+    response = error_response(RequestError(422, "invalid_field", "no field '\ud800'", field="\ud800"))
+    assert response.status_code == 422 and json.loads(response.body)["error"]["field"] == "\\ud800"

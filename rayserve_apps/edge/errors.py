@@ -27,8 +27,14 @@ HTTP_ERROR_TYPES = {400: "bad_request", 404: "not_found", 405: "method_not_allow
 MAX_QUOTED_CHARS = 80
 
 
+def _encodable(text: str | None) -> str | None:
+    """Text safe to encode as UTF-8 (a client's lone surrogate quoted back in a message becomes an escape)."""
+    return None if text is None else text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def error_response(error: RequestError, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error.to_json(), status_code=error.status_code, headers=headers)
+    body = {"error": {"type": error.error_type, "message": _encodable(error.message), "field": _encodable(error.field)}}
+    return JSONResponse(body, status_code=error.status_code, headers=headers)
 
 
 def field_path(loc: Sequence[Any]) -> str | None:
