@@ -168,12 +168,12 @@ def test_kserve_binary_and_json_inputs():
                                      "parameters": {"binary_data_size": array.nbytes}}]}).encode()
     parsed, binary = split_body(header + array.tobytes(), str(len(header)))
     tensor = InferInput.model_validate(parsed["inputs"][0])
-    assert np.array_equal(input_array(tensor, binary, 0)[0], array)
+    assert np.array_equal(input_array(tensor, binary)[0], array)
     as_json = InferInput(name="images", shape=[2, 3, 4, 4], datatype="FP32", data=array.flatten().tolist())
-    assert np.array_equal(input_array(as_json, b"", 0)[0], array)
+    assert np.array_equal(input_array(as_json, b"")[0], array)
     short = InferInput(name="images", shape=[2, 3, 4, 4], datatype="FP32", parameters={"binary_data_size": 8})
-    assert raised(input_array, short, array.tobytes(), 0).error_type == "invalid_shape"
-    assert raised(input_array, InferInput(name="x", shape=[1], datatype="FP32", data=[1]), b"", 0).field == "inputs.x"
+    assert raised(input_array, short, array.tobytes()).error_type == "invalid_shape"
+    assert raised(input_array, InferInput(name="x", shape=[1], datatype="FP32", data=[1]), b"").field == "inputs.x"
 
 
 def test_slo_attainment_counts_refused_requests_over_a_window():

@@ -25,6 +25,7 @@ from rayserve_apps.edge.errors import input_errors
 from rayserve_apps.edge.health import models_ready
 from rayserve_apps.edge.schemas import Text, validate_body
 from rayserve_apps.edge.native import checked_images, embed_texts, from_pixels
+from placement.spec import ModelSpec
 from rayserve_apps.requests import RequestError, find_model, parse_json_body
 
 if TYPE_CHECKING:
@@ -95,9 +96,14 @@ def server_metadata() -> dict[str, Any]:
     return {"name": "plexserve", "version": server_version, "extensions": []}
 
 
-def model_metadata(ingress: "Ingress", name: str) -> dict[str, Any]:
+def served_model(ingress: "Ingress", name: str) -> ModelSpec:
+    """The served model `name` of either kind; 404 naming the served models when unknown."""
     kind = next((m.kind for m in ingress.spec.models if m.name == name), "vision")
-    model = find_model(ingress.spec, name, kind)  # 404 naming the served models when unknown
+    return find_model(ingress.spec, name, kind)
+
+
+def model_metadata(ingress: "Ingress", name: str) -> dict[str, Any]:
+    model = served_model(ingress, name)
     if model.kind == "vision":
         side = model.image_size_px or 224
         inputs = [{"name": IMAGES_INPUT, "datatype": "FP32", "shape": [-1, model.in_chans, side, side]}]
@@ -115,7 +121,7 @@ async def server_ready(ingress: "Ingress") -> tuple[bool, dict[str, bool]]:
 
 
 async def model_ready(ingress: "Ingress", name: str) -> bool:
-    model_metadata(ingress, name)  # 404 for an unknown model
+    served_model(ingress, name)
     return (await models_ready(ingress, [name]))[name]
 
 
@@ -129,8 +135,8 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], 
     return parse_json_body(body[:split], split), body[split:]
 
 
-def input_array(tensor: InferInput, binary: bytes, offset: int) -> tuple[np.ndarray, str, int]:
-    """The input tensor as a numpy array, the classify dtype it stands for, and the offset after its binary data."""
+def input_array(tensor: InferInput, binary: bytes) -> tuple[np.ndarray, str]:
+    """The (one) input tensor as a numpy array and the classify dtype it stands for."""
     field = f"inputs.{tensor.name}"
     if tensor.name != IMAGES_INPUT:
         raise RequestError(422, "invalid_field", f"unknown input {tensor.name!r}; vision models take one input {IMAGES_INPUT!r}", field=field)
@@ -142,10 +148,10 @@ def input_array(tensor: InferInput, binary: bytes, offset: int) -> tuple[np.ndar
     count = math.prod(tensor.shape)
     size = tensor.parameters.binary_data_size
     if size is not None:
-        if size != count * np.dtype(numpy_type).itemsize or offset + size > len(binary):
+        if size != count * np.dtype(numpy_type).itemsize or size > len(binary):
             raise RequestError(422, "invalid_shape", f"binary_data_size {size} does not hold shape {tensor.shape} of {tensor.datatype} "
                                f"(or passes the body's end)", field=field)
-        return np.frombuffer(binary, dtype=numpy_type, count=count, offset=offset).reshape(tensor.shape), dtype, offset + size
+        return np.frombuffer(binary, dtype=numpy_type, count=count).reshape(tensor.shape), dtype
     if tensor.data is None:
         raise RequestError(422, "invalid_field", "an input needs 'data' or parameters.binary_data_size", field=field)
     with input_errors(field):
@@ -154,7 +160,7 @@ def input_array(tensor: InferInput, binary: bytes, offset: int) -> tuple[np.ndar
             raise RequestError(422, "invalid_shape", f"'data' must hold {count} numbers for shape {tensor.shape}", field=field)
         if dtype == "uint8" and (values.dtype.kind == "f" or values.min() < 0 or values.max() > np.iinfo(np.uint8).max):
             raise RequestError(422, "invalid_dtype", "UINT8 data must be integers in [0, 255]", field=field)
-        return values.reshape(tensor.shape).astype(numpy_type), dtype, offset
+        return values.reshape(tensor.shape).astype(numpy_type), dtype
 
 
 def output_tensors(predictions: list[dict[str, Any]]) -> dict[str, np.ndarray]:
@@ -214,8 +220,8 @@ def text_input(tensor: InferInput, binary: bytes) -> list[str]:
 
 
 async def infer(ingress: "Ingress", name: str, request: Request) -> Response:
-    kind = next((m.kind for m in ingress.spec.models if m.name == name), "vision")
-    model = find_model(ingress.spec, name, kind)
+    model = served_model(ingress, name)
+    kind = model.kind
     header, binary = split_body(await read_body(request, ingress.spec.serving.max_request_bytes), request.headers.get(HEADER_LENGTH))
     body = validate_body(InferRequest, header)
     if len(body.inputs) != 1:
@@ -224,7 +230,7 @@ async def infer(ingress: "Ingress", name: str, request: Request) -> Response:
         texts = text_input(body.inputs[0], binary)
         answer = await embed_texts(ingress, name, texts, field=f"inputs.{TEXTS_INPUT}")
         return infer_response(name, body, {EMBEDDINGS_OUTPUT: np.asarray(answer["embeddings"], dtype=np.float32)})
-    array, dtype, _ = input_array(body.inputs[0], binary, 0)
+    array, dtype = input_array(body.inputs[0], binary)
     field = f"inputs.{IMAGES_INPUT}"
     images = await from_pixels(ingress, model, array, field) if dtype == "uint8" else checked_images(ingress, model, array, dtype, field)
     answer = await ingress.classify(name, images, "float32")
