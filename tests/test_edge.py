@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -217,3 +218,34 @@ def test_a_lone_surrogate_quoted_back_in_an_error_still_encodes():
 
     response = error_response(RequestError(422, "invalid_field", "no field '\ud800'", field="\ud800"))
     assert response.status_code == 422 and json.loads(response.body)["error"]["field"] == "\\ud800"
+
+
+class _FakeGroup:
+    """A group replica's handle: `models_ready.remote()` answers its readiness, or never answers."""
+
+    def __init__(self, ready: dict[str, bool] | None):
+        self.ready = ready
+        self.models_ready = self
+
+    async def remote(self):
+        if self.ready is None:
+            await asyncio.sleep(3600)
+        return self.ready
+
+
+def test_a_grouped_model_is_ready_only_when_every_group_routed_to_it_answers(monkeypatch):
+    from types import SimpleNamespace
+
+    from rayserve_apps.edge import health
+
+    monkeypatch.setattr(health, "READINESS_TIMEOUT_S", 0.05)
+
+    def ingress(*groups):
+        return SimpleNamespace(groups=SimpleNamespace(routes=[sorted(g or {"c"}) for g in groups]),
+                               group_handles=[_FakeGroup(g) for g in groups])
+
+    rebuilding = ingress({"a": True, "b": True}, {"b": False})  # b is being rebuilt in its second group
+    assert asyncio.run(health._grouped_ready(rebuilding, {"a", "b"})) == {"a": True, "b": False}
+    silent = ingress({"a": True}, None)  # the second group does not answer in time: what it hosts is not ready
+    assert asyncio.run(health._grouped_ready(silent, {"a", "c"})) == {"a": True, "c": False}
+    assert asyncio.run(health._grouped_ready(ingress({"a": True}), {"a", "moved"})) == {"a": True, "moved": False}
