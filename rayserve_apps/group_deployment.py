@@ -332,6 +332,12 @@ class GroupReplica:
             if not hosted.runtime.actors:
                 raise RuntimeError(f"model {hosted.spec.name} of group {self.group_name} has no running stage actors")
 
+    # ---- readiness, for the HTTP edge's /v2/health/ready ----
+
+    def models_ready(self) -> dict[str, bool]:
+        """Per hosted model, whether it can answer now (False while its stage actors are being rebuilt); never waits."""
+        return {name: hosted.ready.is_set() for name, hosted in self.models.items()}
+
     def __del__(self):
         for hosted in getattr(self, "models", {}).values():
             hosted.runtime.shutdown()

@@ -2,12 +2,19 @@
 
 HTTP (FastAPI inside Ray Serve):
 - `POST /v1/models/{name}/embed`     body `{"texts": [...]}` -> `{"model", "embeddings": [[...], ...]}` in input order
-- `POST /v1/models/{name}/classify`  body `{"images": [N][C][H][W], "dtype": "float32"|"uint8"}` and, for a
+- `POST /v1/models/{name}/classify`  body `{"images": [N][C][H][W], "dtype": "float32"|"uint8"}` or
+  `{"images_base64": ["<PNG or JPEG>", ...]}`, optional `"top_k"`, and, for a
   token-adaptation (OTAS) model, optional `"task"`, `"slo_ms"`, `"utility"` -> `{"model", "predictions"}`
 - `GET  /v1/models`                  the served models with their kind and limits
 - `GET  /v1/placement`               the live placement (groups, their models, replicas) or the per-model layout
 - `GET  /v1/placement/history`       the placement controller's recent decisions (`?limit=N`)
-- `GET  /healthz`
+- `GET  /healthz`                     200 when every model can answer, else 503
+- `POST /v1/embeddings`              OpenAI's embeddings API (`rayserve_apps/edge/openai_api.py`)
+- `GET  /v2`, `/v2/health/live`, `/v2/health/ready`, `/v2/models/{name}`, `/v2/models/{name}/ready`,
+  `POST /v2/models/{name}/infer`     the KServe/Triton v2 protocol (`rayserve_apps/edge/kserve.py`)
+
+Every error, FastAPI's own included, is `{"error": {"type", "message", "field"}}`; request and response bodies are
+pydantic models (`rayserve_apps/edge/schemas.py`) shown at `/docs`.
 
 Python: `handle.embed.remote(model, texts)`, `handle.classify.remote(model, images)`, `handle.list_models.remote()`
 on the application's handle (`serve.get_app_handle("plexserve")`). Bad input raises `RequestError` (a
@@ -15,12 +22,13 @@ on the application's handle (`serve.get_app_handle("plexserve")`). Bad input rai
 """
 
 
+import asyncio
 import logging
 import time
 from typing import Any, Awaitable, Callable
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from ray import serve
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
@@ -30,11 +38,16 @@ from placement.alpaserve.placement_rollout import SlotLayout
 from placement.core.traffic_window import RequestRecord
 from placement.core.deployment_spec import DeploymentSpec, ModelSpec, parse_spec
 from rayserve_apps import metrics
+from rayserve_apps.edge import kserve, native, openai_api
+from rayserve_apps.edge.answer import answer, guarded
+from rayserve_apps.edge.attainment import SloAttainment
+from rayserve_apps.edge.errors import install_error_handlers
+from rayserve_apps.edge.health import group_info
+from rayserve_apps.edge.schemas import ERROR_RESPONSES, ClassifyRequest, ClassifyResponse, EmbedRequest, EmbedResponse, json_body
 from rayserve_apps.backends import Backend, GroupBackend, ModelDeploymentBackend, ModelRouterBackend
 from rayserve_apps.polymorph_runtime_deployment import polymorphing_params
 from rayserve_apps.traffic_reporter import TrafficReporter
 from rayserve_apps.requests import (
-    QUERY_OPTION_FIELDS,
     ImageContract,
     RequestError,
     check_images,
@@ -42,17 +55,15 @@ from rayserve_apps.requests import (
     check_texts,
     check_token_counts,
     find_model,
-    parse_json_body,
 )
 
 logger = logging.getLogger("ray.serve")
 
-#: Status answered when a model replica fails while serving a valid request.
-REPLICA_FAILURE_STATUS = 503
 #: Decisions `GET /v1/placement/history` returns unless `?limit=` says otherwise.
 DEFAULT_HISTORY_LIMIT = 20
 
 app = FastAPI(title="plexserve", description="Many transformer models on one Ray cluster.")
+install_error_handlers(app)
 
 
 def describe_model(model: ModelSpec, text_limit: int | None) -> dict[str, Any]:
@@ -80,12 +91,12 @@ class Ingress:
         self.controller = controller
         self.traffic = TrafficReporter(controller, self.spec.controller.stats_report_period_s) if controller and self.spec.controller else None
         self.backend: Backend = ModelRouterBackend(self.groups, ModelDeploymentBackend(model_handles or {}))
-        self._answered: dict[str, int] = {}
-        self._met: dict[str, int] = {}
+        self.attainment = SloAttainment()
         self.tokenizers: dict[str, TextTokenizer] = {
             m.name: load_text_tokenizer(m.source) for m in self.spec.models if m.kind == "text"
         }
         self.text_limits = {name: self._text_limit(name, tok) for name, tok in self.tokenizers.items()}
+        self.edge = native.Edge(self.spec)
 
     def _text_limit(self, model: str, tokenizer: TextTokenizer) -> int:
         """Most tokens a text of `model` may have: the spec's limit, the tokenizer's, and for a polymorphing model
@@ -142,7 +153,7 @@ class Ingress:
         """The live layout: the placement and, per group slot, what its replica reports."""
         layout = self.backend.describe()
         if self.group_handles:
-            layout["groups"] = [await handle.info.remote() for handle in self.group_handles]
+            layout["groups"] = list(await asyncio.gather(*(group_info(handle, i) for i, handle in enumerate(self.group_handles))))
         return layout
 
     async def placement_history(self, limit: int = DEFAULT_HISTORY_LIMIT) -> dict[str, Any]:
@@ -154,7 +165,7 @@ class Ingress:
     async def _call(self, spec: ModelSpec, method: str, payload: Any, options: dict[str, Any] | None = None,
                     slo_ms: float | None = None) -> Any:
         """Send to the backend with the SLO (the request's, else the model's) as deadline; count outcomes and
-        SLO attainment."""
+        SLO attainment (on the model's SLO, refused requests included: `edge/attainment.py`)."""
         start = time.monotonic()
         arrival = time.time()
         model = spec.name
@@ -166,27 +177,32 @@ class Ingress:
             outcome = "rejected" if error.status_code == 503 else "invalid"
             metrics.requests_total().inc(tags={"model": model, "outcome": outcome})
             self._report(RequestRecord(model, arrival, outcome, input_tokens=tokens))
+            if outcome == "rejected":
+                self._record_attainment(model, met=False)
             raise
         except BackPressureError:
             metrics.rejections_total().inc(tags={"model": model, "reason": "overloaded"})
             metrics.requests_total().inc(tags={"model": model, "outcome": "rejected"})
             self._report(RequestRecord(model, arrival, "rejected", input_tokens=tokens))
+            self._record_attainment(model, met=False)
             raise
         except Exception:
             metrics.requests_total().inc(tags={"model": model, "outcome": "failed"})
             self._report(RequestRecord(model, arrival, "failed", input_tokens=tokens))
+            self._record_attainment(model, met=False)
             raise
         latency_ms = (time.monotonic() - start) * 1000.0
-        met = latency_ms <= slo_ms
+        met = latency_ms <= spec.slo_ms  # the model's SLO: a client's slo_ms sets its deadline, not what counts as met
         self._report(RequestRecord(model, arrival, "ok", latency_ms=latency_ms, slo_met=met, input_tokens=tokens))
-        self._answered[model] = self._answered.get(model, 0) + 1
-        self._met[model] = self._met.get(model, 0) + int(met)
         metrics.requests_total().inc(tags={"model": model, "outcome": "ok"})
         metrics.request_latency_ms().observe(latency_ms, tags={"model": model})
         if met:
             metrics.slo_met_total().inc(tags={"model": model})
-        metrics.slo_attainment().set(self._met[model] / self._answered[model], tags={"model": model})
+        self._record_attainment(model, met)
         return result
+
+    def _record_attainment(self, model: str, met: bool) -> None:
+        metrics.slo_attainment().set(self.attainment.record(model, met), tags={"model": model})
 
     def _report(self, record: RequestRecord) -> None:
         if self.traffic is not None:
@@ -194,52 +210,21 @@ class Ingress:
 
     # ---- HTTP ----
 
-    async def _answer(self, request: Request, call: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]) -> JSONResponse:
-        try:
-            declared = int(request.headers.get("content-length") or 0)
-            limit = self.spec.serving.max_request_bytes
-            if declared > limit:
-                raise RequestError(413, "request_too_large", f"request body has {declared} bytes; the limit is {limit} bytes")
-            payload = parse_json_body(await request.body(), limit)
-            return JSONResponse(await call(payload))
-        except RequestError as error:
-            return JSONResponse(error.to_json(), status_code=error.status_code)
-        except BackPressureError as error:  # the model's queue is full: shed load, never hang
-            body = RequestError(503, "overloaded", f"the model's replicas are saturated; retry later ({error})").to_json()
-            return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
-        except ValueError as error:  # a replica's own check (e.g. a handle caller's bad ids) surfaced here
-            return JSONResponse(RequestError(422, "invalid_input", str(error)).to_json(), status_code=422)
-        except Exception as error:  # noqa: BLE001 - a failed replica must not become a 500 without a body
-            logger.exception("request failed in a model replica")
-            body = {"error": {"type": "replica_failure", "message": f"{type(error).__name__}: the model replica failed; retry", "field": None}}
-            return JSONResponse(body, status_code=REPLICA_FAILURE_STATUS)
+    async def _answer(self, request: Request, call: Callable[[dict[str, Any]], Awaitable[Any]]) -> Response:
+        return await answer(request, self.spec.serving.max_request_bytes, call)
 
-    @app.post("/v1/models/{name}/embed")
-    async def http_embed(self, name: str, request: Request) -> JSONResponse:
-        async def call(payload: dict[str, Any]) -> dict[str, Any]:
-            find_model(self.spec, name, "text")
-            return await self.embed(name, check_texts(payload, self.spec.serving.max_items_per_request))
+    @app.post("/v1/models/{name}/embed", response_model=EmbedResponse, responses=ERROR_RESPONSES, openapi_extra=json_body(EmbedRequest))
+    async def http_embed(self, name: str, request: Request) -> Response:
+        return await self._answer(request, lambda payload: native.embed(self, name, payload))
 
-        return await self._answer(request, call)
-
-    @app.post("/v1/models/{name}/classify")
-    async def http_classify(self, name: str, request: Request) -> JSONResponse:
-        async def call(payload: dict[str, Any]) -> dict[str, Any]:
-            find_model(self.spec, name, "vision")
-            extra = sorted(set(payload) - {"images", "dtype", *QUERY_OPTION_FIELDS})
-            if extra:
-                raise RequestError(422, "invalid_field", f"unknown field(s) {extra}; expected 'images' and optional "
-                                   "'dtype', 'task', 'slo_ms', 'utility'", field=extra[0])
-            if "images" not in payload:
-                raise RequestError(422, "invalid_field", "body must have a field 'images' (nested lists [N, C, H, W])", field="images")
-            return await self.classify(name, payload["images"], payload.get("dtype", "float32"),
-                                       **{field: payload.get(field) for field in QUERY_OPTION_FIELDS})
-
-        return await self._answer(request, call)
+    @app.post("/v1/models/{name}/classify", response_model=ClassifyResponse, responses=ERROR_RESPONSES,
+              openapi_extra=json_body(ClassifyRequest))
+    async def http_classify(self, name: str, request: Request) -> Response:
+        return await self._answer(request, lambda payload: native.classify(self, name, payload))
 
     @app.get("/v1/models")
     def http_models(self) -> dict[str, Any]:
-        return self.list_models()
+        return openai_api.with_model_list(self.list_models())
 
     @app.get("/v1/placement")
     async def http_placement(self) -> dict[str, Any]:
@@ -255,5 +240,48 @@ class Ingress:
             return JSONResponse(error.to_json(), status_code=error.status_code)
 
     @app.get("/healthz")
-    def http_health(self) -> dict[str, str]:
-        return {"status": "ok"}
+    async def http_health(self) -> JSONResponse:
+        """200 `{"status": "ok"}` when every model can answer, else 503 naming the models that cannot."""
+        ready, models = await kserve.server_ready(self)
+        if ready:
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "unavailable", "not_ready": sorted(m for m, ok in models.items() if not ok)}, status_code=503)
+
+    # ---- HTTP edge (issue 16): OpenAI embeddings and the KServe/Triton v2 protocol; logic in rayserve_apps/edge/ ----
+
+    @app.post("/v1/embeddings", response_model=openai_api.EmbeddingsResponse, responses=ERROR_RESPONSES,
+              openapi_extra=json_body(openai_api.EmbeddingsRequest))
+    async def http_openai_embeddings(self, request: Request) -> Response:
+        return await self._answer(request, lambda payload: openai_api.embeddings(self, payload))
+
+    @app.get("/v2")
+    def http_v2_server_metadata(self) -> dict[str, Any]:
+        return kserve.server_metadata()
+
+    @app.get("/v2/health/live")
+    def http_v2_live(self) -> dict[str, bool]:
+        return {"live": True}
+
+    @app.get("/v2/health/ready")
+    async def http_v2_ready(self) -> JSONResponse:
+        ready, models = await kserve.server_ready(self)
+        return JSONResponse({"ready": ready, "models": models}, status_code=200 if ready else 503)
+
+    @app.get("/v2/models/{name}", responses=ERROR_RESPONSES)
+    async def http_v2_model_metadata(self, name: str) -> Response:
+        async def work() -> dict[str, Any]:
+            return kserve.model_metadata(self, name)
+
+        return await guarded(work())
+
+    @app.get("/v2/models/{name}/ready", responses=ERROR_RESPONSES)
+    async def http_v2_model_ready(self, name: str) -> Response:
+        async def work() -> JSONResponse:
+            ready = await kserve.model_ready(self, name)
+            return JSONResponse({"name": name, "ready": ready}, status_code=200 if ready else 503)
+
+        return await guarded(work())
+
+    @app.post("/v2/models/{name}/infer", responses=ERROR_RESPONSES, openapi_extra=json_body(kserve.InferRequest))
+    async def http_v2_infer(self, name: str, request: Request) -> Response:
+        return await guarded(kserve.infer(self, name, request))

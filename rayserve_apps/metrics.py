@@ -34,7 +34,7 @@ def slo_met_total() -> Counter:
 
 @cache
 def slo_attainment() -> Gauge:
-    return Gauge("plexserve_slo_attainment", description="Fraction of requests answered within the SLO since start (0..1).",
+    return Gauge("plexserve_slo_attainment", description="Requests within the model's SLO over all requests, refused ones included, in the last minute (0..1).",
                  tag_keys=("model",))
 
 

@@ -43,7 +43,9 @@ def parse_json_body(body: bytes, max_request_bytes: int) -> dict[str, Any]:
         raise RequestError(413, "request_too_large", f"request body has {len(body)} bytes; the limit is {max_request_bytes} bytes")
     try:
         payload = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+    except RecursionError:
+        raise RequestError(400, "too_deeply_nested", "request body nests arrays or objects too deeply") from None
+    except ValueError as error:  # bad JSON, bad UTF-8, an integer literal longer than Python converts
         raise RequestError(400, "malformed_json", f"request body is not valid JSON: {error}") from None
     if not isinstance(payload, dict):
         raise RequestError(400, "malformed_json", "request body must be a JSON object")
@@ -80,6 +82,12 @@ def check_texts(payload: Any, max_items: int) -> list[str]:
             raise RequestError(422, "invalid_field", f"texts[{index}] must be a string, got {type(text).__name__}", field=f"texts[{index}]")
         if not text.strip():
             raise RequestError(422, "invalid_field", f"texts[{index}] is empty", field=f"texts[{index}]")
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise RequestError(422, "invalid_text", f"texts[{index}] holds a lone surrogate; strings must be valid Unicode",
+                                   field=f"texts[{index}]") from None
     return texts
 
 
@@ -121,13 +129,22 @@ def check_query_options(payload: dict[str, Any]) -> dict[str, Any]:
         value = options.get(name)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < low or (strict and value == low):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value) or value < low or (strict and value == low):
             raise RequestError(422, "invalid_field", f"'{name}' must be a number {'>' if strict else '>='} {low:g}", field=name)
     return options
 
 
+def _finite(value: int | float) -> bool:
+    """Whether a JSON number is a finite float (an integer literal too long for a float is not)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def check_images(payload: Any, contract: ImageContract, max_items: int) -> np.ndarray:
-    """`payload["images"]` (nested lists [N, C, H, W]) with optional `dtype` -> float32 array, or RequestError."""
+    """`payload["images"]` (nested lists, a numpy array or a torch tensor [N, C, H, W]) with optional `dtype` -> float32
+    array, or RequestError."""
     if not isinstance(payload, dict) or "images" not in payload:
         raise RequestError(422, "invalid_field", "body must have a field 'images' (nested lists [N, C, H, W])", field="images")
     extra = sorted(set(payload) - {"images", "dtype", *QUERY_OPTION_FIELDS})
@@ -135,10 +152,14 @@ def check_images(payload: Any, contract: ImageContract, max_items: int) -> np.nd
         raise RequestError(422, "invalid_field", f"unknown field(s) {extra}; expected 'images' and optional 'dtype', "
                            "'task', 'slo_ms', 'utility'", field=extra[0])
     dtype = payload.get("dtype", "float32")
-    if dtype not in IMAGE_DTYPE_SCALES:
+    if not isinstance(dtype, str) or dtype not in IMAGE_DTYPE_SCALES:
         raise RequestError(422, "invalid_dtype", f"dtype {dtype!r} is not supported; use one of {sorted(IMAGE_DTYPE_SCALES)}", field="dtype")
     images = payload["images"]
-    if not isinstance(images, list) or not images:
+    if not isinstance(images, list) and hasattr(images, "__array__"):  # a numpy array or a (CPU) torch tensor
+        images = np.asarray(images)
+        if images.ndim == 0:
+            raise RequestError(422, "invalid_shape", "'images' must be an array [N, C, H, W], got a scalar", field="images")
+    if not isinstance(images, (list, np.ndarray)) or not len(images):
         raise RequestError(422, "invalid_field", "'images' must be a non-empty list", field="images")
     if len(images) > max_items:
         raise RequestError(413, "too_many_items", f"'images' has {len(images)} items; the limit is {max_items}", field="images")

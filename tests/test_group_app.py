@@ -192,6 +192,21 @@ def test_killed_stage_actor_fails_only_its_requests_and_is_rebuilt(app):
     import os
     import signal
 
+    import threading
+
+    ready_url = f"{app['url']}/v2/health/ready"
+    assert requests.get(ready_url, timeout=60).status_code == 200
+    not_ready, stop = [], threading.Event()
+
+    def watch_readiness() -> None:  # the rebuild may be short: watch readiness from before the failure on
+        with requests.Session() as session:
+            while not stop.is_set() and not not_ready:
+                response = session.get(ready_url, timeout=60)
+                if response.status_code != 200:
+                    not_ready.append((response.status_code, response.json()["models"]))
+
+    watcher = threading.Thread(target=watch_readiness, daemon=True)
+    watcher.start()
     layout = requests.get(f"{app['url']}/v1/placement", timeout=60).json()
     group0 = next(g for g in layout["groups"] if g["group"] == "group-0")
     victim = group0["stage_actor_pids"]["vit"][1][0]  # the ViT's second stage in group 0
@@ -199,6 +214,7 @@ def test_killed_stage_actor_fails_only_its_requests_and_is_rebuilt(app):
     handle = serve.get_deployment_handle("group-0", app_name="plexserve")
     with pytest.raises(Exception, match="being rebuilt"):
         handle.classify.remote("vit", images()).result(timeout_s=120)
+    assert requests.get(f"{app['url']}/v1/placement", timeout=60).status_code == 200  # never hangs on the rebuilding group
     # The other model of the same group never noticed.
     assert len(handle.embed_token_ids.remote("minilm", [[101, 7592, 102]]).result(timeout_s=120)) == 1
     deadline = time.monotonic() + 180
@@ -209,5 +225,10 @@ def test_killed_stage_actor_fails_only_its_requests_and_is_rebuilt(app):
         except Exception:  # noqa: BLE001 - rebuild still under way
             time.sleep(1)
     assert len(body) == 3
+    stop.set()
+    watcher.join(timeout=60)
+    # While the ViT was rebuilt the server was not ready, and said which model was not; it is ready again after.
+    assert not_ready[:1] == [(503, {"minilm": True, "vit": False, "vit-strict": True})]
+    assert requests.get(ready_url, timeout=60).status_code == 200
     info = handle.info.remote().result(timeout_s=120)
     assert info["rebuilds"]["vit"] == 1 and victim not in info["stage_actor_pids"]["vit"][1]

@@ -1,0 +1,55 @@
+"""How the ingress answers an HTTP call: the body read under the byte limit, then the route's work, with every
+outcome in the error shape of `errors.py`.
+
+Status rules: a `RequestError` keeps its status (4xx for the client's input, 503 for load shedding); a `ValueError`
+raised by a replica's own check is the input's fault (422); any other exception is a 5xx *only* because the routes
+validate their input completely before they call a model, so what remains is the replica's failure.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Awaitable, Callable
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from ray.serve.exceptions import BackPressureError
+
+from rayserve_apps.edge.body_limit import read_json_object
+from rayserve_apps.edge.errors import error_response
+from rayserve_apps.requests import RequestError
+
+logger = logging.getLogger("ray.serve")
+
+#: Status answered when a model replica fails while serving a valid request.
+REPLICA_FAILURE_STATUS = 503
+#: Seconds a shed client is asked to wait before retrying (`Retry-After`).
+RETRY_AFTER_S = 1
+
+
+async def answer(request: Request, limit_bytes: int, call: Callable[[dict[str, Any]], Awaitable[Any]]) -> Response:
+    """Read the JSON body (413 as soon as it passes `limit_bytes`), run `call` on it, answer JSON or the error."""
+
+    async def work() -> Any:
+        return await call(await read_json_object(request, limit_bytes))
+
+    return await guarded(work())
+
+
+async def guarded(work: Awaitable[Any]) -> Response:
+    """`work`'s result as JSON (or as the Response it is), every exception as the error it stands for."""
+    try:
+        result = await work
+        return result if isinstance(result, Response) else JSONResponse(result)
+    except RequestError as error:
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if error.status_code == 503 else None
+        return error_response(error, headers)
+    except BackPressureError as error:  # the model's queue is full: shed load, never hang
+        return error_response(RequestError(503, "overloaded", f"the model's replicas are saturated; retry later ({error})"),
+                              {"Retry-After": str(RETRY_AFTER_S)})
+    except ValueError as error:  # a replica's own check (e.g. a handle caller's bad ids) surfaced here
+        return error_response(RequestError(422, "invalid_input", str(error)))
+    except Exception as error:  # noqa: BLE001 - a failed replica must not become a 500 without a body
+        logger.exception("request failed in a model replica")
+        body = {"error": {"type": "replica_failure", "message": f"{type(error).__name__}: the model replica failed; retry", "field": None}}
+        return JSONResponse(body, status_code=REPLICA_FAILURE_STATUS, headers={"Retry-After": str(RETRY_AFTER_S)})
