@@ -14,7 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from placement.spec import ModelSpec
+from placement.core.deployment_spec import ModelSpec
 from rayserve_apps.edge.answer import answer
 from rayserve_apps.edge.errors import input_errors, install_error_handlers
 from rayserve_apps.edge.images import ImageDecoder, load_label_names, with_label_names

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from placement.spec import ModelSpec
+from placement.core.deployment_spec import ModelSpec
 from rayserve_apps.requests import RequestError
 
 logger = logging.getLogger("ray.serve")

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from placement.spec import DeploymentSpec, ModelSpec
+from placement.core.deployment_spec import DeploymentSpec, ModelSpec
 from rayserve_apps.edge.errors import input_errors
 from rayserve_apps.edge.images import ImageDecoder, load_label_names, with_label_names
 from rayserve_apps.edge.schemas import ClassifyRequest, EmbedRequest, validate_body

@@ -88,7 +88,8 @@ async def _embed_token_ids(ingress: "Ingress", model: str, token_ids: list[list[
         except ValueError as error:
             raise RequestError(422, "invalid_field", str(error).replace("token_ids", "input"), field="input") from None
     spec = ingress.spec.model(model)
-    return await ingress._call(spec, "embed_token_ids", token_ids), sum(len(ids) for ids in token_ids)
+    rows = await ingress._call(spec, "embed_token_ids", token_ids)
+    return [row.tolist() for row in rows], sum(len(ids) for ids in token_ids)
 
 
 def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
