@@ -231,7 +231,8 @@ def test_killed_group_replica_fails_only_its_own_requests_and_comes_back(app):
     layout = slots(app)
     victim_slot = min((name for name, g in layout.items() if g["models"]), key=lambda name: len(layout[name]["models"]))
     victims = layout[victim_slot]["models"]
-    assert set(victims) != set(MODELS)
+    # The planner fills device memory, so the slot may host every model; its models are then also hosted elsewhere
+    # or come back with the replica, and only requests in flight at the killed replica may fail.
     with Traffic(app, MODELS) as traffic:
         time.sleep(1)
         os.kill(layout[victim_slot]["pid"], signal.SIGKILL)
