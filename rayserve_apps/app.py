@@ -41,9 +41,6 @@ CONTROLLER_DEPLOYMENT = "PlacementController"
 
 #: Logical CPUs the group replica itself (bundle 0) reserves; its stage actors run in the device bundles.
 GROUP_REPLICA_NUM_CPUS = 0.1
-#: Calls a group replica takes at once: text calls carry many requests each, vision calls one (Serve's default of 5
-#: would cap the requests its engine can batch).
-GROUP_MAX_ONGOING_REQUESTS = 256
 #: Seconds between a group replica's routing-stats reports (hosted models, queue length) to the router.
 ROUTING_STATS_PERIOD_S = 1.0
 #: Seconds Serve waits for a stopping group replica's in-flight requests (a group stopped by a re-placement).
@@ -121,7 +118,6 @@ def _bind_group(spec: DeploymentSpec, index: int, group: GroupPlacement | None, 
     return GroupReplica.options(
         name=group_deployment_name(index),
         num_replicas=1,
-        max_ongoing_requests=GROUP_MAX_ONGOING_REQUESTS,
         max_queued_requests=group_max_queued_requests(spec, group),
         ray_actor_options={"num_cpus": GROUP_REPLICA_NUM_CPUS},
         placement_group_bundles=group_bundles_for(spec, group),

@@ -37,7 +37,7 @@ MAX_ONGOING_REQUESTS = 256
 def check_text_request(token_ids: Any, tokenizer, limit_tokens: int) -> None:
     """ValueError naming the problem of one request's token ids (a non-empty list of lists within the limit)."""
     if not isinstance(token_ids, list) or not token_ids:
-        raise ValueError("token_ids must be a non-empty list of token id lists")
+        raise ValueError("token_ids must hold at least one sequence (a non-empty list of token id lists)")
     tokenizer.check_token_ids(token_ids, limit_tokens)
 
 
