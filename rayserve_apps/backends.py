@@ -46,12 +46,14 @@ class Backend(Protocol):
 class ModelDeploymentBackend:
     """One deployment per model: the request goes to its model's deployment (Serve picks the replica)."""
 
-    def __init__(self, handles: dict[str, DeploymentHandle]):
+    def __init__(self, handles: dict[str, DeploymentHandle], batched_models: set[str] | frozenset[str] = frozenset()):
         self.handles = handles
+        #: Models whose deployment takes batched calls (`embed_batch`: the text replica; Arlo's router does not).
+        self.batched_models = frozenset(batched_models)
         self.forwarders: dict[str, BatchForwarder] = {}
 
     async def call(self, model: str, method: str, payload: Any, deadline_s: float, options: dict[str, Any]) -> Any:
-        if method == TEXT_METHOD and not options:
+        if method == TEXT_METHOD and not options and model in self.batched_models:
             if model not in self.forwarders:
                 self.forwarders[model] = BatchForwarder(_batched_sender(self.handles[model], model))
             return await self.forwarders[model].forward(payload, deadline_s)

@@ -90,7 +90,8 @@ class Ingress:
         self.groups = GroupBackend(self.spec, self.group_handles, layout) if self.group_handles else None
         self.controller = controller
         self.traffic = TrafficReporter(controller, self.spec.controller.stats_report_period_s) if controller and self.spec.controller else None
-        self.backend: Backend = ModelRouterBackend(self.groups, ModelDeploymentBackend(model_handles or {}))
+        batched = {m.name for m in self.spec.models if m.kind == "text" and polymorphing_params(self.spec, m.name) is None}
+        self.backend: Backend = ModelRouterBackend(self.groups, ModelDeploymentBackend(model_handles or {}, batched))
         self.attainment = SloAttainment()
         self.tokenizers: dict[str, TextTokenizer] = {
             m.name: load_text_tokenizer(m.source) for m in self.spec.models if m.kind == "text"
