@@ -44,6 +44,7 @@ from rayserve_apps.edge.attainment import SloAttainment
 from rayserve_apps.edge.errors import install_error_handlers
 from rayserve_apps.edge.health import group_info
 from rayserve_apps.edge.schemas import ERROR_RESPONSES, ClassifyRequest, ClassifyResponse, EmbedRequest, EmbedResponse, json_body
+from rayserve_apps.forwarding import embedding_lists
 from rayserve_apps.backends import Backend, GroupBackend, ModelDeploymentBackend, ModelRouterBackend
 from rayserve_apps.polymorph_runtime_deployment import polymorphing_params
 from rayserve_apps.traffic_reporter import TrafficReporter
@@ -132,7 +133,7 @@ class Ingress:
         else:
             token_ids = tokenizer.encode(texts, truncate_to=limit)
         rows = await self._call(spec, "embed_token_ids", token_ids)
-        return {"model": model, "embeddings": [row.tolist() for row in rows]}
+        return {"model": model, "embeddings": embedding_lists(rows)}
 
     async def classify(self, model: str, images: Any, dtype: str = "float32", task: str | None = None,
                        slo_ms: float | None = None, utility: float | None = None) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field, StrictInt
 from rayserve_apps.edge.errors import input_errors
 from rayserve_apps.edge.schemas import Text, StrictBody, validate_body
 from rayserve_apps.edge.native import embed_texts
+from rayserve_apps.forwarding import embedding_lists
 from rayserve_apps.requests import RequestError, find_model
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ async def _embed_token_ids(ingress: "Ingress", model: str, token_ids: list[list[
             raise RequestError(422, "invalid_field", str(error).replace("token_ids", "input"), field="input") from None
     spec = ingress.spec.model(model)
     rows = await ingress._call(spec, "embed_token_ids", token_ids)
-    return [row.tolist() for row in rows], sum(len(ids) for ids in token_ids)
+    return embedding_lists(rows), sum(len(ids) for ids in token_ids)
 
 
 def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
