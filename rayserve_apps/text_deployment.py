@@ -63,7 +63,6 @@ class TextModelDeployment:
         self.encoder = load_text_encoder(self.spec.source, name=self.spec.name)
         self.limit = min(self.spec.max_input_length_tokens or self.encoder.max_length, self.encoder.max_length)
         self.scheduler = batching_scheduler_for(self.spec, batching_policy, self.limit)
-        self.limit = min(self.limit, self.scheduler.max_request_tokens)
         self._totals = {"real_tokens": 0, "computed_tokens": 0, "utility": 0.0}
         former = TextBatchFormer(self.spec.name, self.scheduler, self.spec.batch_wait_timeout_ms / 1000.0, self.spec.slo_ms)
         backend = InProcessTextBackend(PackedTextEncoder(self.encoder), self.scheduler, on_packed=self._packed)
@@ -82,6 +81,10 @@ class TextModelDeployment:
 
     def _check(self, token_ids: Sequence[Sequence[int]]) -> None:
         check_text_request(token_ids, self.encoder.text_tokenizer, self.limit)
+        row_limit = self.scheduler.max_request_tokens
+        for index, ids in enumerate(token_ids):
+            if len(ids) > row_limit:
+                raise ValueError(f"token_ids[{index}] has {len(ids)} tokens; the batch rows of this replica hold at most {row_limit}")
 
     async def embed_batch(self, model: str, requests: list[list[list[int]]], budgets_s: list[float]) -> list:
         """Several requests at once (what the ingress sends): per request its embeddings (float32 rows) or error."""
