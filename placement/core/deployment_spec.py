@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from placement.core.placement_plan import Placement
+from placement.core.transition_costs import TransitionModel
 
 #: Model names appear in URLs (`/v1/models/{name}/embed`), metric tags and deployment names.
 MODEL_NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
@@ -142,6 +143,22 @@ class ControllerSpec(_Strict):
     fit_window_s: float = Field(default=10.0, gt=0,
                                 description="Seconds per rate/CV fit window; the latest window's traffic is planned for.")
     max_changes_per_step: int = Field(default=1, ge=1, description="Group slots changed per rollout step (small batches).")
+    held_out_resamples: int = Field(default=3, ge=1, description="Independent resamples of the fitted traffic each candidate "
+                                                                 "is judged on (mean), none of them the one it was planned on.")
+    horizon_periods: float = Field(default=2.0, gt=0, description="Periods of traffic a candidate is judged over, its rollout "
+                                                                  "from the running placement included.")
+    price_transitions: bool = Field(default=True, description="Judge each candidate through its rollout (loads, routes, "
+                                                              "slowdown); false: as if already deployed.")
+    transition: TransitionModel = Field(default_factory=TransitionModel,
+                                        description="Stand-in costs of a rollout step (loads, restarts, slowdown) where profiles have no measured load_s.")
+    shift_detection: bool = Field(default=True, description="Decide early when a per-model rate shift is detected "
+                                                            "(two-window rate test), at most once per cooldown_s.")
+    shift_window_s: float = Field(default=5.0, gt=0, description="Seconds of each of the two windows the shift test compares.")
+    shift_z: float = Field(default=4.0, gt=0, description="Standardised rate difference (Poisson z score) that counts as a shift.")
+    shift_min_ratio: float = Field(default=1.5, gt=1, description="Smallest rate ratio between the windows that counts as a shift.")
+    shift_min_requests: int = Field(default=20, ge=1, description="Requests both windows must hold together before the test judges.")
+    cooldown_s: float | None = Field(default=None, gt=0, description="Seconds after a decision before a shift may trigger "
+                                                                      "another; default: half a period.")
     group_slots: int | None = Field(
         default=None, ge=1,
         description="Group deployments the application keeps (each runs a device group or stands empty); default: cluster.num_devices.")

@@ -53,6 +53,10 @@ class ConfigProfile(BaseModel):
 
     config: ParallelConfig
     stages: list[StageProfile] = Field(min_length=1)
+    load_s: float | None = Field(
+        default=None, ge=0,
+        description="Seconds to load this model's weights onto a group of this configuration and serve its first request "
+                    "(measured; null: not measured, the controller's transition model uses its stand-in).")
 
     @model_validator(mode="after")
     def _check(self) -> "ConfigProfile":
