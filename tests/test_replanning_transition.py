@@ -74,3 +74,21 @@ def test_local_moves_keep_every_model_hosted_and_fit_memory():
     replicated = Placement(groups=[group("a", "b"), group("a", "c")])
     moves = dict(neighbours(replicated, ["a", "b", "c"], profiles(), device_memory_bytes=int(2.5 * GIB)))
     assert "remove a from group 0" in moves and "swap a for c in group 0" in moves and "remove b from group 0" not in moves
+
+
+def test_two_window_rate_test_flags_a_shift_and_not_steady_poisson_traffic():
+    from placement.core.traffic_window import RequestRecord, TrafficWindow, detect_rate_shifts
+
+    rng = np.random.default_rng(0)
+    window = TrafficWindow(window_s=20.0)
+    steady = np.sort(rng.uniform(0, 20, 200))  # b: 10/s throughout
+    a_before = np.sort(rng.uniform(0, 10, 20))  # a: 2/s, then 12/s
+    a_after = np.sort(rng.uniform(10, 20, 120))
+    window.add([RequestRecord("b", float(t), "ok") for t in steady] + [RequestRecord("a", float(t), "ok") for t in [*a_before, *a_after]])
+    shifts = detect_rate_shifts(window, 20.0, ["a", "b", "c"], window_s=10.0, z_threshold=4.0, min_ratio=1.5, min_requests=20)
+    assert [s.model for s in shifts] == ["a"]
+    assert shifts[0].before_per_s == pytest.approx(2.0) and shifts[0].after_per_s == pytest.approx(12.0) and shifts[0].z > 4
+    # Too few requests: no judgement.
+    assert detect_rate_shifts(window, 20.0, ["a"], 10.0, 4.0, 1.5, min_requests=1000) == []
+    with pytest.raises(ValueError, match="window_s"):
+        detect_rate_shifts(window, 20.0, ["a"], 15.0, 4.0, 1.5, 20)
