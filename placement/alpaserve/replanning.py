@@ -52,6 +52,9 @@ CandidateName = Literal["keep", "local", "rehost", "replan"]
 DISRUPTION_ORDER: tuple[CandidateName, ...] = ("keep", "local", "rehost", "replan")
 #: Shortest workload the candidates are simulated on, seconds: a short period is resampled for longer.
 MIN_HORIZON_S = 60.0
+#: Longest horizon simulated, seconds: the cost grows with it, and traffic fitted on the last period says little
+#: about what comes ten minutes later.
+MAX_HORIZON_S = 600.0
 #: Independent resamples the candidates are judged on by default (issue 21: mean over several seeds).
 DEFAULT_HELD_OUT_RESAMPLES = 3
 
@@ -142,7 +145,10 @@ class ReplanPolicy:
         return fits, rates, cvs
 
     def horizon(self, traffic: ObservedTraffic) -> float:
-        return self.horizon_s if self.horizon_s is not None else max(traffic.duration_s, MIN_HORIZON_S)
+        """Seconds the candidates are judged over: `horizon_s`, or the observation (at least MIN_HORIZON_S); at most
+        MAX_HORIZON_S."""
+        horizon = self.horizon_s if self.horizon_s is not None else max(traffic.duration_s, MIN_HORIZON_S)
+        return min(horizon, MAX_HORIZON_S)
 
     def workload(self, traffic: ObservedTraffic, rates: np.ndarray, cvs: np.ndarray, seed: int | None = None) -> Workload:
         """The traffic of the last fit window, resampled over the horizon (default: the planning resample)."""
