@@ -107,7 +107,43 @@ def measure_load_s() -> tuple[float, int]:
     return float(np.median(times)), encoder.weight_bytes()
 
 
-def spec_dict(placement: dict | None, profiles_path: str | None, slo_ms: float, period_s: float, memory_bytes: int) -> dict:
+async def measure_step_s(spec: dict, load_s: float) -> float:
+    """Seconds of one rollout step besides loading, measured on the profiling deployment (every model on both
+    devices) as the controller runs a step: one override apply that loads a model into a running group (timed until
+    the ingress and the group report the new version, the model loaded), minus the load itself, plus two
+    ingress-only applies (routing before and after the change)."""
+    from ray import serve
+
+    from placement.alpaserve.placement_rollout import SlotLayout
+    from placement.core.deployment_spec import parse_spec
+    from placement.core.placement_plan import Placement
+    from rayserve_apps.app import INGRESS_DEPLOYMENT, group_deployment_name
+    from rayserve_apps.live_update import apply_overrides, layout_overrides
+
+    parsed = parse_spec(spec)
+    ingress = serve.get_deployment_handle(INGRESS_DEPLOYMENT, app_name="plexserve")
+    group = serve.get_deployment_handle(group_deployment_name(1), app_name="plexserve")
+
+    async def apply(groups: list[list[str]], slot_versions: list[int], version: int) -> float:
+        layout = SlotLayout.from_placement(Placement.model_validate({"groups": [one_device_group(g) for g in groups]}), len(groups))
+        started = time.perf_counter()
+        await asyncio.to_thread(apply_overrides, "plexserve", layout_overrides(parsed, layout, layout.routes(), slot_versions, version))
+        while (await ingress.placement_version.remote() < version
+               or (await group.info.remote())["placement_version"] < slot_versions[1]):
+            await asyncio.sleep(0.1)
+        return time.perf_counter() - started
+
+    await apply([MODELS, MODELS[:2]], [1, 1], 1)  # minilm-c leaves group 1
+    load_step_s = await apply([MODELS, MODELS], [1, 2], 2)  # and loads again: a rehost step
+    route_s = await apply([MODELS, MODELS], [1, 2], 3)  # the ingress alone
+    step_s = max(load_step_s - load_s, 0.0) + 2 * route_s
+    log.info("rollout step: %.1f s to load a model into a running group, %.1f s to re-route; %.1f s per step besides loading",
+             load_step_s, route_s, step_s)
+    return step_s
+
+
+def spec_dict(placement: dict | None, profiles_path: str | None, slo_ms: float, period_s: float, memory_bytes: int,
+              step_overhead_s: float | None = None) -> dict:
     spec: dict = {
         "cluster": {"num_devices": NUM_DEVICES, "device_resource": DEVICE_RESOURCE, "device_memory_bytes": memory_bytes},
         "models": [{"name": m, "kind": "text", "source": "package:all-minilm-l6-v2", "slo_ms": slo_ms,
@@ -117,6 +153,8 @@ def spec_dict(placement: dict | None, profiles_path: str | None, slo_ms: float, 
     if profiles_path is not None:
         spec["planning"] = {"profiles": {"path": profiles_path}, "planner": {"max_group_devices": 1}}
         spec["controller"] = {"period_s": period_s, "fit_window_s": period_s, "min_gain": 0.02}
+        if step_overhead_s is not None:
+            spec["controller"]["transition"] = {"step_overhead_s": step_overhead_s}
     return spec
 
 
@@ -389,7 +427,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-async def controller_trace(handle, controller, profiles, overhead_s: float, slo_s: float, total_rate: float,
+async def controller_trace(handle, controller, profiles, transition, overhead_s: float, slo_s: float, total_rate: float,
                            duration_s: float, period_s: float, memory_bytes: int, seed: int) -> dict:
     """Steps 2-5 for one trace: plan for its first half, static run, controller run, both simulated."""
     from placement.alpaserve.planner import PlannerConfig, plan
@@ -430,12 +468,10 @@ async def controller_trace(handle, controller, profiles, overhead_s: float, slo_
         log.info("re-placement (%s, trigger %s) applied at t=%.1f s (%.1f s to roll out): %s", d.get("chosen"),
                  d.get("trigger"), at, d["duration_s"], d["placement"])
 
-    from placement.core.transition_costs import TransitionModel
-
     static_sim = simulate_piecewise([(-np.inf, initial)], profiles, trace, overhead_s)
     dynamic_sim = simulate_piecewise(timeline, profiles, trace, overhead_s)
-    # The spec leaves the controller's transition stand-ins at their defaults: the same model predicts here.
-    dynamic_through = simulate_piecewise(through_rollouts(initial, rollouts, profiles, TransitionModel()), profiles, trace, overhead_s)
+    # The transition model the controller was given (measured step time, stand-in slowdown) predicts here too.
+    dynamic_through = simulate_piecewise(through_rollouts(initial, rollouts, profiles, transition), profiles, trace, overhead_s)
     # Transition cost, predicted: the chosen candidate's horizon loss (as deployed minus through its rollout) per
     # request of the rollout span; real: the attainment the target would have had over the rollout span's requests
     # (simulated as deployed) minus what the live system reached on them.
@@ -480,6 +516,8 @@ async def controller_trace(handle, controller, profiles, overhead_s: float, slo_
 async def run(args) -> dict:
     from ray import serve
 
+    from placement.core.transition_costs import TransitionModel
+
     from placement.alpaserve.planner import PlannerConfig, plan
 
     http_options = {"host": "127.0.0.1", "port": free_port()}
@@ -489,7 +527,8 @@ async def run(args) -> dict:
 
     log.info("1/7 profiling: every model on both devices")
     everywhere = {"groups": [one_device_group(MODELS), one_device_group(MODELS)]}
-    deploy(spec_dict(everywhere, None, slo_ms=10_000, period_s=period_s, memory_bytes=16 * 1024**3), http_options)
+    profiling_spec = spec_dict(everywhere, None, slo_ms=10_000, period_s=period_s, memory_bytes=16 * 1024**3)
+    deploy(profiling_spec, http_options)
     handle = serve.get_app_handle("plexserve")
     lone_s, overhead_s = await profile_live(handle)
     throughput = await measure_throughput(handle, THROUGHPUT_PROBE_S, THROUGHPUT_CONCURRENCY)
@@ -499,6 +538,8 @@ async def run(args) -> dict:
     log.info("throughput with every device busy: %.1f requests/s; per-request device time x%.2f of a lone request", throughput, scale)
     load_s, weight_bytes = measure_load_s()
     log.info("loading one model's weights: %.2f s (%d bytes)", load_s, weight_bytes)
+    step_s = await measure_step_s(profiling_spec, load_s)
+    transition = TransitionModel(step_overhead_s=step_s)
     memory_bytes = int(MODELS_PER_DEVICE_MEMORY * weight_bytes)
     profiles = measured_profiles(service_s, weight_bytes, load_s)
     folder = Path(tempfile.mkdtemp(prefix="plexserve-fidelity-"))
@@ -512,7 +553,7 @@ async def run(args) -> dict:
     first = make_trace(total_rate, duration_s, slo_s, seed=args.seed).window(0.0, duration_s / 2)
     initial = plan(MODELS, profiles, first, NUM_DEVICES, memory_bytes, PlannerConfig(max_group_devices=1)).normalize()
     initial_groups = {"groups": [g.model_dump(mode="json") for g in initial.groups]}
-    deploy(spec_dict(initial_groups, str(folder / "profiles.json"), 1e3 * slo_s, period_s, memory_bytes), http_options)
+    deploy(spec_dict(initial_groups, str(folder / "profiles.json"), 1e3 * slo_s, period_s, memory_bytes, step_s), http_options)
     handle = serve.get_app_handle("plexserve")
     controller = serve.get_deployment_handle("PlacementController", app_name="plexserve")
     await controller.pause.remote(True)
@@ -520,8 +561,8 @@ async def run(args) -> dict:
         await handle.embed.remote(model, [TEXT])
 
     log.info("3-5/7 %d traces (static run, controller run, both simulated)", NUM_TRACES)
-    traces = [await controller_trace(handle, controller, profiles, overhead_s, slo_s, total_rate, duration_s, period_s,
-                                     memory_bytes, seed=args.seed + k) for k in range(NUM_TRACES)]
+    traces = [await controller_trace(handle, controller, profiles, transition, overhead_s, slo_s, total_rate, duration_s,
+                                     period_s, memory_bytes, seed=args.seed + k) for k in range(NUM_TRACES)]
 
     log.info("6/7 re-placement under steady load")
     steady = await steady_replacement(handle, controller, capacity, seed=args.seed)
@@ -554,7 +595,7 @@ async def run(args) -> dict:
         "failed_accepted": failed_accepted, "saturation": burst,
         "unchanged_p99_ratio": steady["unchanged_p99_ratio"], "steady_replacement": steady,
         "slo_ms": 1e3 * slo_s, "service_ms": {m: 1e3 * s for m, s in service_s.items()}, "lone_service_ms": {m: 1e3 * s for m, s in lone_s.items()},
-        "load_s": load_s, "throughput_per_s": throughput, "ingress_overhead_ms": 1e3 * overhead_s,
+        "load_s": load_s, "step_overhead_s": step_s, "throughput_per_s": throughput, "ingress_overhead_ms": 1e3 * overhead_s,
         "duration_s": duration_s, "period_s": period_s, "machine": machine_description(),
     }
     return figures
