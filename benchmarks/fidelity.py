@@ -522,7 +522,7 @@ async def run(args) -> dict:
 
     http_options = {"host": "127.0.0.1", "port": free_port()}
     serve.start(http_options=http_options)
-    duration_s = args.duration_s or (90.0 if args.quick else 300.0)
+    duration_s = args.duration_s or (75.0 if args.quick else 300.0)
     period_s = args.period_s or (10.0 if args.quick else 20.0)
 
     log.info("1/7 profiling: every model on both devices")
@@ -603,7 +603,7 @@ async def run(args) -> dict:
 
 def main() -> None:
     parser = make_parser(__doc__)
-    parser.add_argument("--duration-s", type=float, default=None, help="trace length (default 120 s quick, 300 s full)")
+    parser.add_argument("--duration-s", type=float, default=None, help="trace length (default 75 s quick, 300 s full)")
     parser.add_argument("--period-s", type=float, default=None, help="controller period (default 10 s quick, 20 s full)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
