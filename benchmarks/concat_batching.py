@@ -300,7 +300,7 @@ def run_e2e(quick: bool, token_ids: list[list[int]]) -> dict:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
         spec = {"models": [{"name": "minilm", "kind": "text", "source": "package:all-minilm-l6-v2",

@@ -460,7 +460,7 @@ def main() -> None:
     import ray
     from ray import serve
 
-    ray.init(num_cpus=RAY_NUM_CPUS, resources={DEVICE_RESOURCE: NUM_DEVICES}, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=RAY_NUM_CPUS, resources={DEVICE_RESOURCE: NUM_DEVICES}, include_dashboard=False, log_to_driver=False)
     try:
         figures = asyncio.run(run(args))
     finally:

@@ -211,7 +211,7 @@ def main() -> None:
     torch.set_num_threads(1)
     scaling_before = two_process_cpu_scaling()
     log.info("2 processes vs 1 on this machine now: %.2fx aggregate matmul throughput", scaling_before)
-    ray.init(num_cpus=RAY_NUM_CPUS, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=RAY_NUM_CPUS, include_dashboard=False, log_to_driver=False)
     figures: dict = {}
     try:
         log.info("profiling sends and 2-way collectives between actors")

@@ -65,7 +65,7 @@ def main() -> None:
     args = make_parser(__doc__).parse_args()
     log = setup_logging("routing_overhead")
     rounds, per_round = (4, 300) if args.quick else (10, 2000)
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": 0})
     try:
         default = serve.run(Echo.options(name="echo-default", num_replicas=NUM_REPLICAS).bind(),

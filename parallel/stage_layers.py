@@ -17,6 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
+from models.adaptive_vit_layers import AdaptiveBlockLayer, load_adaptive_backbone
 from models.layers import ActivationState, Layer
 from parallel.tensor_parallel import (BlockShardingPlan, Collectives, TensorParallelBlock, TensorParallelBlockLayer,
                                       bert_block_parts, vit_block_parts)
@@ -36,6 +37,9 @@ class ModelSource(BaseModel):
     allow_random_init: bool = Field(default=False, description="Vision only: random weights (code-path tests only).")
     timm_kwargs: dict[str, int | float | str | bool] = Field(
         default_factory=dict, description="Vision only: extra timm.create_model arguments, e.g. depth, num_heads.")
+    adaptive_artifacts: str | None = Field(
+        default=None, description="Vision only: a token-adaptation (OTAS) artefacts directory; the stages then run its "
+        "adaptive ViT backbone at each batch's gamma (models/adaptive_vit_layers.py) instead of `source`.")
 
 
 def load_model(source: ModelSource):
@@ -44,6 +48,8 @@ def load_model(source: ModelSource):
         from models.text_encoder import load_text_encoder
 
         return load_text_encoder(source.source, name=source.name)
+    if source.adaptive_artifacts is not None:
+        return load_adaptive_backbone(source.adaptive_artifacts, source.name)
     from models.vit import load_vit
 
     return load_vit(source.source, checkpoint_path=source.checkpoint_path, num_classes=source.num_classes,
@@ -77,15 +83,15 @@ def standalone_layers(model) -> list[Layer]:
     layers = model.layers()
     if getattr(model, "kind", None) != "vision":
         return layers
-    from models.vit import VitEmbeddingsLayer, VitHeadLayer
+    from models.vit import VitEmbeddingsLayer
 
     vit = model.model
     result: list[Layer] = []
     for layer in layers:
         if layer.kind == "embeddings":
             result.append(VitEmbeddingsLayer(_strip_vit(vit, VIT_EMBEDDING_MODULES, VIT_EMBEDDING_PARAMETERS)))
-        elif layer.kind == "head":
-            result.append(VitHeadLayer(_strip_vit(vit, VIT_HEAD_MODULES, set())))
+        elif layer.kind == "head":  # the classifier head, or the adaptive ViT's pooled features
+            result.append(type(layer)(_strip_vit(vit, VIT_HEAD_MODULES, set())))
         else:
             result.append(layer)
     return result
@@ -95,6 +101,9 @@ def shard_block_layer(layer: Layer, kind: str, plan: BlockShardingPlan, collecti
     """This shard's part of one block layer; the layer itself when nothing is split."""
     if collectives.degree == 1 or plan.is_replicated():
         return layer
+    if isinstance(layer, AdaptiveBlockLayer):
+        raise ValueError("the adaptive ViT's blocks (token merging, prompts) are not split by tensor parallelism: "
+                         "a token-adaptation model needs intra_op_degree 1 in its group")
     parts = bert_block_parts(layer.block) if kind == "text" else vit_block_parts(layer.block)
     return TensorParallelBlockLayer(TensorParallelBlock(parts, plan, collectives), uses_attention_bias=kind == "text")
 

@@ -28,7 +28,7 @@ from models.text_encoder import load_text_tokenizer
 from rayserve_apps.polymorph_runtime_deployment import bind_polymorph_model, polymorphing_params
 from rayserve_apps.engine import batching_scheduler_for
 from rayserve_apps.text_deployment import TextModelDeployment
-from rayserve_apps.vision_deployment import VisionModelDeployment
+from rayserve_apps.vision_deployment import VisionModelDeployment, vision_max_ongoing_requests
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +144,8 @@ def _bind_model(spec: DeploymentSpec, model: ModelSpec) -> Application:
         batching_scheduler_for(model, batching, limit)  # a bad batching parameter fails here, before deploying
         return TextModelDeployment.options(**options).bind(model.model_dump(mode="json"),
                                                            batching.model_dump(mode="json") if batching else None)
-    return VisionModelDeployment.options(**options).bind(model.model_dump(mode="json"))
+    return VisionModelDeployment.options(**options, max_ongoing_requests=vision_max_ongoing_requests(model)).bind(
+        model.model_dump(mode="json"))
 
 
 def resolve_placement(spec: DeploymentSpec) -> DeploymentSpec:

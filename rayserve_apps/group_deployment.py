@@ -44,8 +44,9 @@ import torch
 from ray import serve
 from ray.util import get_current_placement_group
 
-from models.layers import ActivationState
+from models.task_registry import artifacts_config
 from models.text_encoder import TextTokenizer, load_text_tokenizer
+from models.vit import check_image_batch
 from ops.packing import PackedBatch
 from parallel.group_runtime import GroupFailedError, ModelParallelGroup
 from parallel.plan import ParallelPlan
@@ -53,8 +54,9 @@ from parallel.stage_layers import ModelSource
 from placement.core.profiles import ParallelConfig
 from placement.core.deployment_spec import ModelSpec
 from rayserve_apps import metrics
-from rayserve_apps.engine import (ServingEngine, StagedTextBackend, TextBatchFormer, answer_requests,
-                                  batching_scheduler_for)
+from rayserve_apps.engine import (ImageBatchFormer, ServingEngine, StagedOtasBackend, StagedTextBackend,
+                                  StagedVisionBackend, TextBatchFormer, answer_requests, batching_scheduler_for)
+from rayserve_apps.engine.otas_executor import OtasExecutor, OtasMetrics, load_otas_parts, token_adaptation_params
 from rayserve_apps.text_deployment import check_text_request, text_batch_metrics
 
 logger = logging.getLogger("ray.serve")
@@ -95,6 +97,8 @@ class HostedModel:
     tokenizer: TextTokenizer | None
     #: The model's serving engine: its queue, batch former and the stage actors as backend.
     engine: ServingEngine | None = None
+    #: Token-adaptation vision models: the OTAS query front of `engine` (its task registry holds the heads).
+    otas: OtasExecutor | None = None
     #: Longest text in tokens (text models): the spec's, the tokenizer's, the scheduler's and Arlo's limits.
     limit_tokens: int = 0
     in_flight: int = 0
@@ -128,11 +132,19 @@ class GroupReplica:
     # ---- hosted models ----
 
     def _start_model(self, spec: ModelSpec) -> HostedModel:
+        assert self.config is not None
         tokenizer = load_text_tokenizer(spec.source) if spec.kind == "text" else None
         source = model_source(spec)
+        otas_parts = None
+        otas = token_adaptation_params(spec) if spec.kind == "vision" else None
+        if otas is not None:
+            if self.config.intra_op_degree != 1:
+                raise ValueError(f"group {self.group_name}: model {spec.name!r} uses token adaptation, whose blocks are not "
+                                 f"split by tensor parallelism; its group needs intra_op_degree 1, got {self.config.key()}")
+            otas_parts = (otas, *load_otas_parts(spec, otas))
+            source = source.model_copy(update={"adaptive_artifacts": otas.artifacts})
         # Text: the stages run embeddings and blocks; pooling of packed rows happens here, per request.
         num_layers = _num_layers(source) - (1 if spec.kind == "text" else 0)
-        assert self.config is not None
         plan = ParallelPlan.even(num_layers, pipeline_stages=self.config.pipeline_stages, intra_op_degree=self.config.intra_op_degree)
         bundle_indices = None
         if self.placement_group is not None:
@@ -144,7 +156,10 @@ class GroupReplica:
             actor_resources={self.device_resource: 1.0 / MAX_MODELS_PER_GROUP} if self.device_resource != "CPU" else None,
         )
         logger.info("group %s: started %s (%s)", self.group_name, spec.name, self.config.key())
-        return HostedModel(spec=spec, runtime=runtime, tokenizer=tokenizer)
+        hosted = HostedModel(spec=spec, runtime=runtime, tokenizer=tokenizer)
+        if spec.kind == "vision":
+            self._attach_vision_engine(hosted, otas_parts)
+        return hosted
 
     def _threads_per_device(self) -> int:
         """Torch threads of each stage actor: one per whole CPU of its device bundle, at least one."""
@@ -221,27 +236,29 @@ class GroupReplica:
         hosted.engine = ServingEngine(f"{self.group_name}/{spec.name}", former, backend,
                                       max_batches_in_flight=self.config.pipeline_stages if self.config else 1)
 
+    def _attach_vision_engine(self, hosted: HostedModel, otas_parts: tuple | None) -> None:
+        """The vision model's serving engine, with the stage actors as backend and as many batches in flight as the
+        group has pipeline stages: OTAS batches at a gamma (its task heads run here) for a token-adaptation model,
+        FIFO batches of up to `max_batch_size` images otherwise."""
+        spec = hosted.spec
+        name = f"{self.group_name}/{spec.name}"
+        in_flight = self.config.pipeline_stages if self.config else 1
+        if otas_parts is not None:
+            otas, registry, profile = otas_parts
+            hosted.otas = OtasExecutor(registry, profile, otas, spec.slo_ms, OtasMetrics(spec.name),
+                                       backend=StagedOtasBackend(hosted.runtime, registry),
+                                       max_batches_in_flight=in_flight, name=name)
+            hosted.engine = hosted.otas.engine
+            return
+        former = ImageBatchFormer(spec.max_batch_size, spec.batch_wait_timeout_ms / 1000.0)
+        hosted.engine = ServingEngine(name, former, StagedVisionBackend(hosted.runtime), max_batches_in_flight=in_flight,
+                                      on_batch=lambda batch, _: metrics.batch_size().observe(len(batch.items), tags={"model": spec.name}))
+
     def _hosted(self, model: str) -> HostedModel:
         hosted = self.models.get(model)
         if hosted is None:
             raise ValueError(f"group {self.group_name} does not host model {model!r}; it hosts {sorted(self.models)}")
         return hosted
-
-    async def _run(self, hosted: HostedModel, state: ActivationState) -> ActivationState:
-        hosted.in_flight += 1
-        self._queue_gauge.set(self.queue_length(), tags={"group": self.group_name})
-        try:
-            await hosted.ready.wait()
-            pending = hosted.runtime.submit(state)  # returns at once: requests pipeline through the stages
-            return await asyncio.to_thread(hosted.runtime.result, pending)
-        except GroupFailedError as error:
-            # Only this model's in-flight requests fail; its stage actors are replaced in the background.
-            self._rebuild_soon(hosted)
-            raise RuntimeError(f"group {self.group_name}, model {hosted.spec.name!r}: {error}; "
-                               "its stage actors are being rebuilt, retry the request") from None
-        finally:
-            hosted.in_flight -= 1
-            self._queue_gauge.set(self.queue_length(), tags={"group": self.group_name})
 
     def _rebuild_soon(self, hosted: HostedModel) -> None:
         if not hosted.ready.is_set():
@@ -290,18 +307,34 @@ class GroupReplica:
             raise outcome
         return [row.tolist() for row in outcome]
 
-    async def classify(self, model: str, images: np.ndarray) -> list[dict]:
+    async def classify(self, model: str, images: np.ndarray, task_id: str | None = None, slo_ms: float | None = None,
+                       utility: float | None = None) -> list[dict]:
+        """One {'label', 'probabilities'} per image; the images join the model's engine queue and share batches
+        with other requests'. A token-adaptation model takes OTAS' `task_id`, `slo_ms` and `utility`."""
         hosted = self._hosted(model)
         if hosted.spec.kind != "vision":
             raise ValueError(f"model {model!r} is not a vision model")
         tensor = torch.as_tensor(np.asarray(images, dtype=np.float32))
-        side = hosted.spec.image_size_px or 224
-        expected = (hosted.spec.in_chans, side, side)
-        if tensor.dim() != 4 or tuple(tensor.shape[1:]) != expected:
-            raise ValueError(f"images must have shape [N, {expected[0]}, {expected[1]}, {expected[2]}], got {list(tensor.shape)}")
-        metrics.batch_size().observe(len(tensor), tags={"model": model})
-        probabilities = torch.softmax((await self._run(hosted, ActivationState(hidden=tensor))).hidden, dim=-1)
-        return [{"label": int(p.argmax()), "probabilities": p.tolist()} for p in probabilities]
+        if hosted.otas is None:
+            if task_id is not None:
+                raise ValueError(f"model {model!r} has no token_adaptation policy, so it takes no task_id")
+            side = hosted.spec.image_size_px or 224
+            check_image_batch(tensor, (hosted.spec.in_chans, side, side))
+        hosted.in_flight += 1
+        self._queue_gauge.set(self.queue_length(), tags={"group": self.group_name})
+        try:
+            await hosted.ready.wait()
+            if hosted.otas is not None:
+                return await hosted.otas.classify(tensor, task_id, slo_ms, utility)
+            return await hosted.engine.answer(list(tensor), hosted.engine.clock() + hosted.spec.slo_ms / 1000.0)
+        except GroupFailedError as error:
+            # Only this model's in-flight batches fail; its stage actors are replaced in the background.
+            self._rebuild_soon(hosted)
+            raise RuntimeError(f"group {self.group_name}, model {model!r}: {error}; its stage actors are being rebuilt, "
+                               "retry the request") from None
+        finally:
+            hosted.in_flight -= 1
+            self._queue_gauge.set(self.queue_length(), tags={"group": self.group_name})
 
     # ---- state for routers, tests and people ----
 
@@ -352,6 +385,8 @@ def _num_layers(source: ModelSource) -> int:
 
         config = AutoConfig.from_pretrained(resolve_text_source(source.source), local_files_only=True)
         return config.num_hidden_layers + 2
+    if source.adaptive_artifacts is not None:
+        return artifacts_config(source.adaptive_artifacts).depth + 2
     depth = source.timm_kwargs.get("depth")
     if depth is None:
         import timm

@@ -39,6 +39,10 @@ VIT_C_LATENCY_S = 0.2
 FIT_WINDOW_S = 8
 #: Requests a model's deployments may queue before the ingress answers 503 overloaded.
 MAX_QUEUED = 4
+#: Requests a group replica runs at once (the group deployments keep Serve's default max_ongoing_requests).
+GROUP_MAX_ONGOING = 5
+#: Clients beyond what the groups hosting a model can hold, in the saturation test.
+EXTRA_CLIENTS = 16
 TIMEOUT_S = 120
 #: Pause between two requests of one traffic thread (steady load that leaves the 2 cores room to re-place).
 TRAFFIC_GAP_S = 0.05
@@ -55,7 +59,7 @@ def app(tmp_path_factory):
     if ray.is_initialized():
         serve.shutdown()
         ray.shutdown()
-    ray.init(num_cpus=8, resources={TEST_DEVICE_RESOURCE: NUM_DEVICES}, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=8, resources={TEST_DEVICE_RESOURCE: NUM_DEVICES}, include_dashboard=False, log_to_driver=False)
     port = free_port()
     http_options = {"host": "127.0.0.1", "port": port}
     serve.start(http_options=http_options)
@@ -256,13 +260,33 @@ def test_killed_group_replica_fails_only_its_own_requests_and_comes_back(app):
 
 
 def test_load_past_saturation_gets_503_with_reasons_never_a_crash(app):
+    """Saturation made certain on any machine: the stage actors of every group hosting vit-a are paused (SIGSTOP,
+    a stand-in for a stalled device) while more clients than the groups can hold send requests. Each group
+    deployment takes `max_ongoing_requests` and the ingress queues its `max_queued_requests` more, so the rest are
+    refused at once with a reason; once the stages resume, the admitted ones are answered."""
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(48) as pool:
-        responses = list(pool.map(lambda _: classify(app, "vit-a"), range(96)))
+    layout = slots(app)
+    hosts = [name for name, g in layout.items() if "vit-a" in g["models"]]
+    pids = [pid for name in hosts for row in layout[name]["stage_actor_pids"]["vit-a"] for pid in row]
+    assert pids, layout
+    capacity = sum(GROUP_MAX_ONGOING + MAX_QUEUED * len(layout[name]["models"]) for name in hosts)
+    clients = capacity + EXTRA_CLIENTS
+    with ThreadPoolExecutor(clients) as pool:
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            pending = [pool.submit(classify, app, "vit-a") for _ in range(2 * clients)]
+            deadline = time.monotonic() + TIMEOUT_S
+            while sum(f.done() for f in pending) < EXTRA_CLIENTS and time.monotonic() < deadline:
+                time.sleep(0.1)
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+        responses = [f.result() for f in pending]
     codes = Counter(r.status_code for r in responses)
     assert set(codes) <= {200, 503}, codes
-    assert codes[503] >= 1 and codes[200] >= 1, (codes, [r.text for r in responses[:2]])
+    assert codes[503] >= EXTRA_CLIENTS and codes[200] >= 1, (codes, [r.text for r in responses[:2]])
     reasons = {r.json()["error"]["type"] for r in responses if r.status_code == 503}
     assert reasons <= {"overloaded", "slo_unattainable"}, reasons
     assert classify(app, "vit-a").status_code == 200
