@@ -14,10 +14,7 @@ from typing import Any, List, Optional
 from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
 
 from placement.alpaserve.dispatch import GroupView, ShortestQueueDispatch
-
-#: The routing-stats keys a group replica reports.
-STATS_MODELS = "models"
-STATS_QUEUE_LENGTH = "queue_length"
+from rayserve_apps.contracts import STATS_MODELS, STATS_QUEUE_LENGTH
 
 
 def requested_model(pending_request: Optional[PendingRequest]) -> str | None:

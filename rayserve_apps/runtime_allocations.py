@@ -29,8 +29,7 @@ from placement.arlo.live_allocator import AllocationDecision, LiveRuntimeAllocat
 from placement.arlo.autoscaling import TargetTrackingAutoscaler
 from placement.core.deployment_spec import DeploymentSpec
 from placement.core.traffic_window import RequestRecord
-from rayserve_apps.app import model_deployment_name
-from rayserve_apps.polymorph_runtime_deployment import PolymorphUserConfig, allocation_update, polymorphing_params
+from rayserve_apps.contracts import PolymorphUserConfig, allocation_update, model_deployment_name, polymorphing_params
 
 
 #: Latencies kept per model between two autoscaling checks (older ones are dropped first).

@@ -15,7 +15,7 @@ per `period_s` (Arlo §5: 120 s) the allocator
 4. maps the counts onto replica ranks changing the fewest replicas
    (`placement.arlo.instance_replacement.rank_assignment`, Arlo §4 "Instance replacement") and returns the
    declarative update `(num_replicas, user_config)` with the same contents as
-   `rayserve_apps.polymorph_runtime_deployment.allocation_update` (placement/ does not import rayserve_apps).
+   `rayserve_apps.contracts.allocation_update` (placement/ does not import rayserve_apps).
 
 Pure Python: no torch, no Ray. The decision is plain data (`AllocationDecision`), written to the decision log as is.
 """
