@@ -3,9 +3,9 @@
 `serve run configs/local.yaml` imports `rayserve_apps.app:build_app` and passes the application's `args` (a
 deployment spec) to it. The builder validates the spec (a bad field fails before anything is deployed, with
 the field named) and binds, behind one ingress:
-- with a placement in the spec: one group deployment per device group (`group-<i>`, `group_deployment.py`),
+- with a placement in the spec: one group deployment per device group (`group-<i>`, `replicas/group.py`),
   whose replica reserves the group's devices as a placement group and runs the hosted models model-parallel;
-  before anything is deployed the placement is checked against the cluster's nodes (`cluster_fit.py`);
+  before anything is deployed the placement is checked against the cluster's nodes (`control/cluster_fit.py`);
 - without one: one replicated single-device deployment per model (`model-<name>`).
 """
 
@@ -21,20 +21,20 @@ from models.text_encoder import load_text_tokenizer
 from placement.alpaserve.deployment_planning import plan_deployment
 from placement.core.deployment_spec import DeploymentSpec, ModelSpec, parse_spec
 from placement.core.placement_plan import GroupPlacement
-from rayserve_apps.cluster_fit import check_placement_fits
+from rayserve_apps.control.cluster_fit import check_placement_fits
 from rayserve_apps.contracts import (CONTROLLER_DEPLOYMENT, GROUP_REPLICA_NUM_CPUS, PolymorphingPolicyParams,
                                      PolymorphUserConfig, allocation_update, group_bundles_for, group_deployment_name,
                                      group_max_queued_requests, group_user_config, ingress_user_config, initial_layout,
                                      model_deployment_name, polymorphing_params)
-from rayserve_apps.controller import PlacementController
+from rayserve_apps.control.controller import PlacementController
 from rayserve_apps.engine import batching_scheduler_for
-from rayserve_apps.group_deployment import GroupReplica
-from rayserve_apps.ingress import Ingress
-from rayserve_apps.model_router import ModelAwareRouter
-from rayserve_apps.polymorph_router import PolymorphRouter
-from rayserve_apps.polymorph_runtime_deployment import PolymorphRuntimeDeployment
-from rayserve_apps.text_deployment import TextModelDeployment
-from rayserve_apps.vision_deployment import VisionModelDeployment
+from rayserve_apps.replicas.group import GroupReplica
+from rayserve_apps.ingress.deployment import Ingress
+from rayserve_apps.routers.model_aware import ModelAwareRouter
+from rayserve_apps.routers.polymorph import PolymorphRouter
+from rayserve_apps.replicas.polymorph import PolymorphRuntimeDeployment
+from rayserve_apps.replicas.text import TextModelDeployment
+from rayserve_apps.replicas.vision import VisionModelDeployment
 
 logger = logging.getLogger(__name__)
 

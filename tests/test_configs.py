@@ -25,9 +25,9 @@ def test_serve_config_carries_a_valid_spec(path):
 
 def test_grafana_dashboard_charts_every_plexserve_metric():
     import rayserve_apps.metrics
-    import rayserve_apps.vision_deployment  # the OTAS metrics
+    import rayserve_apps.replicas.vision  # the OTAS metrics
 
-    sources = (rayserve_apps.metrics.__file__, rayserve_apps.vision_deployment.__file__)
+    sources = (rayserve_apps.metrics.__file__, rayserve_apps.replicas.vision.__file__)
     defined = set(re.findall(r'"(plexserve_[a-z_]+)"', " ".join(Path(source).read_text() for source in sources)))
     dashboard = json.loads((CONFIGS / "grafana-plexserve.json").read_text())
     exprs = " ".join(target["expr"] for panel in dashboard["panels"] for target in panel["targets"])

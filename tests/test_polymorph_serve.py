@@ -88,7 +88,7 @@ def test_allocation_update_keeps_in_flight_requests(handle):
 def _local_replica(execution: str):
     """The replica class outside Serve (rank 0, no user_config: the longest runtime), eager backend."""
     from placement.core.deployment_spec import ModelSpec
-    from rayserve_apps.polymorph_runtime_deployment import PolymorphRuntimeDeployment
+    from rayserve_apps.replicas.polymorph import PolymorphRuntimeDeployment
 
     spec = ModelSpec(name="minilm", kind="text", source="package:all-minilm-l6-v2", num_cpus_per_replica=0.5)
     params = {"capacities": CAPACITIES, "backend": "eager", "execution": execution}

@@ -117,7 +117,7 @@ def test_committed_artifacts_are_small_trained_and_profiled():
 @pytest.fixture(scope="module")
 def executor_parts(trained):
     from models.adaptive_vit_profile import build_profile
-    from rayserve_apps.vision_deployment import parse_otas_params
+    from rayserve_apps.replicas.vision import parse_otas_params
 
     profile = build_profile(trained, batch_sizes=[1, 4], repeats=1, held_out_subset=16)
     return profile, parse_otas_params({"artifacts": str(trained), "default_task": "digit"})
@@ -126,7 +126,7 @@ def executor_parts(trained):
 def test_otas_executor_answers_every_image_at_a_planned_gamma(registry, executor_parts, images):
     import asyncio
 
-    from rayserve_apps.vision_deployment import OtasExecutor
+    from rayserve_apps.replicas.vision import OtasExecutor
 
     profile, params = executor_parts
     executor = OtasExecutor(registry, profile, params, default_slo_ms=60_000)
@@ -147,7 +147,7 @@ def test_otas_executor_evicts_hopeless_queries_and_names_bad_fields(registry, ex
     import asyncio
 
     from rayserve_apps.requests import RequestError
-    from rayserve_apps.vision_deployment import OtasExecutor, parse_otas_params
+    from rayserve_apps.replicas.vision import OtasExecutor, parse_otas_params
 
     profile, params = executor_parts
     executor = OtasExecutor(registry, profile, params, default_slo_ms=60_000)

@@ -55,7 +55,7 @@ from placement.core.deployment_spec import ModelSpec
 from rayserve_apps import metrics
 from rayserve_apps.engine import (ServingEngine, StagedTextBackend, TextBatchFormer, answer_requests,
                                   batching_scheduler_for)
-from rayserve_apps.text_deployment import check_text_request, text_batch_metrics
+from rayserve_apps.replicas.text import check_text_request, text_batch_metrics
 
 logger = logging.getLogger("ray.serve")
 
