@@ -28,6 +28,7 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 
 from benchmarks._common import emit_json, machine_description, make_parser, setup_logging
+from rayserve_apps.contracts import STATS_MODELS, STATS_QUEUE_LENGTH
 from rayserve_apps.routers.model_aware import ModelAwareRouter
 
 MODEL = "echo-model"
@@ -45,7 +46,7 @@ class Echo:
         return payload
 
     def record_routing_stats(self) -> dict:
-        return {"models": [MODEL], "queue_length": 0}
+        return {STATS_MODELS: [MODEL], STATS_QUEUE_LENGTH: 0}
 
 
 async def one_round(handle, num_requests: int) -> float:

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from typing import Any, List, Optional
 
-from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
+from ray.serve.request_router import PendingRequest, RunningReplica
 
 from placement.arlo.request_scheduler import ARLO_ALPHA, ARLO_LAMBDA, ARLO_MAX_LEVELS, ArloDispatch, ArloDispatchParams
 from rayserve_apps.contracts import STATS_CAPACITY, STATS_MAX_LENGTH, STATS_OUTSTANDING
+from rayserve_apps.routers.ranking import RankingRouter
 
 
 def request_length_tokens(pending_request: Optional[PendingRequest]) -> int | None:
@@ -47,7 +48,7 @@ def replica_runtime(replica: RunningReplica) -> tuple[int, int] | None:
     return None
 
 
-class PolymorphRouter(FIFOMixin, RequestRouter):
+class PolymorphRouter(RankingRouter):
     """Arlo Alg. 1 over one deployment's runtime replicas."""
 
     def initialize_state(self, threshold: float = ARLO_LAMBDA, decay: float = ARLO_ALPHA,
@@ -81,12 +82,8 @@ class PolymorphRouter(FIFOMixin, RequestRouter):
                         self._policy.set_outstanding(replica.replica_id, outstanding)
         return self._policy
 
-    async def choose_replicas(self, candidate_replicas: List[RunningReplica],
-                              pending_request: Optional[PendingRequest] = None) -> List[List[RunningReplica]]:
-        if not candidate_replicas:
-            return []
-        if pending_request is not None:
-            pending_request.routing_context.should_backoff = True
+    def rank(self, candidate_replicas: List[RunningReplica],
+             pending_request: Optional[PendingRequest]) -> List[List[RunningReplica]]:
         policy = self._sync_policy(candidate_replicas)
         silent = [r for r in candidate_replicas if replica_runtime(r) is None]
         if policy is None:
