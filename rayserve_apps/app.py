@@ -23,7 +23,7 @@ from placement.core.deployment_spec import DeploymentSpec, ModelSpec, parse_spec
 from placement.core.placement_plan import GroupPlacement
 from rayserve_apps.control.cluster_fit import check_placement_fits
 from rayserve_apps.contracts import (CONTROLLER_DEPLOYMENT, GROUP_REPLICA_NUM_CPUS, PolymorphingPolicyParams,
-                                     PolymorphUserConfig, allocation_update, group_bundles_for, group_deployment_name,
+                                     PolymorphAssignmentParams, PolymorphRuntimeParams, allocation_update, group_bundles_for, group_deployment_name,
                                      group_max_queued_requests, group_user_config, ingress_user_config, initial_layout,
                                      model_deployment_name, polymorphing_params)
 from rayserve_apps.control.controller import PlacementController
@@ -97,7 +97,7 @@ def bind_polymorph_model(model: ModelSpec, params: dict, deployment_name: str, a
         if unknown:
             raise ValueError(f"assignment names runtimes without a capacity: {sorted(unknown)}")
         num_replicas = len(assignment)
-        user_config = PolymorphUserConfig(assignment=assignment, version=version).model_dump(mode="json")
+        user_config = PolymorphAssignmentParams(assignment=assignment, version=version).model_dump(mode="json")
     else:
         num_replicas, user_config = allocation_update({}, counts, version=version)
     return PolymorphRuntimeDeployment.options(
@@ -110,8 +110,7 @@ def bind_polymorph_model(model: ModelSpec, params: dict, deployment_name: str, a
             request_router_class=PolymorphRouter,
             request_router_kwargs={"threshold": policy.threshold, "decay": policy.decay, "max_levels": policy.max_levels},
             request_routing_stats_period_s=policy.routing_stats_period_s),
-    ).bind(model.model_dump(mode="json"), {"capacities": policy.capacities, "batch_size": policy.batch_size,
-                                           "backend": policy.backend, "execution": policy.execution})
+    ).bind(model.model_dump(mode="json"), policy.model_dump(include=set(PolymorphRuntimeParams.model_fields)))
 
 
 def resolve_placement(spec: DeploymentSpec) -> DeploymentSpec:

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from placement.alpaserve.placement_rollout import SlotLayout
 from placement.arlo.autoscaling import AutoscalingParams
 from placement.arlo.instance_replacement import rank_assignment
+from placement.arlo.request_scheduler import ARLO_ALPHA, ARLO_LAMBDA, ARLO_MAX_LEVELS
 from placement.arlo.runtime_allocation import ARLO_ALLOCATION_PERIOD_S
 from placement.core.deployment_spec import DeploymentSpec
 from placement.core.placement_plan import GroupPlacement
@@ -140,9 +141,9 @@ def group_max_queued_requests(spec: DeploymentSpec, group: GroupPlacement | None
 Execution = Literal["packed", "padded"]
 
 
-class PolymorphUserConfig(BaseModel):
-    """The live allocation of a polymorphing model's deployment (its `user_config`): which runtime each replica rank
-    runs; ranks it does not name run the longest runtime."""
+class PolymorphAssignmentParams(BaseModel):
+    """The live allocation of a polymorphing model's deployment (its `user_config`, written by the builder and the
+    controller): which runtime each replica rank runs; ranks it does not name run the longest runtime."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -154,24 +155,30 @@ def allocation_update(previous_assignment: dict[int, int], counts: dict[int, int
     """(num_replicas, user_config) realising `counts` (max length -> instances) with the fewest replica changes
     (`placement.arlo.instance_replacement.rank_assignment`)."""
     assignment = rank_assignment(previous_assignment, counts)
-    return len(assignment), PolymorphUserConfig(assignment=assignment, version=version).model_dump(mode="json")
+    return len(assignment), PolymorphAssignmentParams(assignment=assignment, version=version).model_dump(mode="json")
 
 
-class PolymorphingPolicyParams(BaseModel):
-    """`policies: {polymorphing: {name: arlo, params: ...}}` of a text model in the deployment spec."""
+class PolymorphRuntimeParams(BaseModel):
+    """What every runtime replica of a polymorphing model shares (its init args): the runtimes and how they run."""
 
     model_config = ConfigDict(extra="forbid")
 
     capacities: dict[int, int] = Field(description="Runtime max length in tokens -> capacity within the SLO (Arlo M_i), in requests; "
                                                    "from a measured RuntimeProfileSet (benchmarks/polymorphing.py) or set by hand.")
-    initial_counts: dict[int, int] | None = Field(default=None, description="Runtime max length -> replicas at start; default: one of each.")
-    batch_size: int = Field(default=1, ge=1, description="Batch size each static runtime is compiled for.")
+    batch_size: int = Field(default=1, ge=1, description="Batch size (rows) each static runtime is compiled for (Arlo: small, fixed).")
     backend: str = Field(default="trace", pattern="^(eager|trace|compile)$", description="Static compilation backend.")
     execution: Execution = Field(default="packed", description="packed: ConcatBatching rows of the runtime's length "
                                                                "(TCB §4.1); padded: one text per row padded to it (Arlo).")
-    threshold: float = Field(default=0.85, gt=0, description="Arlo Alg. 1 lambda.")
-    decay: float = Field(default=0.9, gt=0, le=1, description="Arlo Alg. 1 alpha.")
-    max_levels: int = Field(default=6, ge=1, description="Arlo Alg. 1 L.")
+
+
+class PolymorphingPolicyParams(PolymorphRuntimeParams):
+    """`policies: {polymorphing: {name: arlo, params: ...}}` of a text model in the deployment spec: the replicas'
+    runtimes, the router's Alg. 1 parameters and the controller's allocation period and target tracking."""
+
+    initial_counts: dict[int, int] | None = Field(default=None, description="Runtime max length -> replicas at start; default: one of each.")
+    threshold: float = Field(default=ARLO_LAMBDA, gt=0, description="Arlo Alg. 1 lambda.")
+    decay: float = Field(default=ARLO_ALPHA, gt=0, le=1, description="Arlo Alg. 1 alpha.")
+    max_levels: int = Field(default=ARLO_MAX_LEVELS, ge=1, description="Arlo Alg. 1 L.")
     routing_stats_period_s: float = Field(default=1.0, gt=0, description="How often replicas report outstanding requests, in seconds.")
     allocation_period_s: float = Field(default=ARLO_ALLOCATION_PERIOD_S, gt=0,
                                        description="Seconds between runtime re-allocations (Arlo §5: 120 s; placement.arlo.live_allocator).")

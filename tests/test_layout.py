@@ -174,6 +174,40 @@ def test_no_import_inside_a_function_dodges_a_cycle():
     assert cycle is None, f"an import inside a function closes a cycle: {' -> '.join(cycle)}"
 
 
+def subpackage_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The graph between subpackages (and top-level modules) of each package: `pkg.sub.mod` becomes `pkg.sub`."""
+    def node(name: str) -> str:
+        return ".".join(name.split(".")[:2])
+    collapsed: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        collapsed.setdefault(node(name), set()).update(node(t) for t in targets if node(t) != node(name))
+    return collapsed
+
+
+def test_subpackages_import_each_other_only_one_way():
+    top, nested = import_graph()
+    graph = subpackage_graph({name: top[name] | nested[name] for name in top})
+    cycle = find_cycle(graph)
+    assert cycle is None, f"subpackages import each other both ways: {' -> '.join(cycle)}"
+
+
+def test_serve_app_layers():
+    """No module imports the builder; contracts import no other module of the app; routers and the control plane
+    import neither the builder, nor the ingress, nor a replica (the README's Layout table)."""
+    top, nested = import_graph(("rayserve_apps",))
+    app_modules = [name for name in top if name.startswith("rayserve_apps.")]
+    assert "rayserve_apps.contracts" in app_modules and "rayserve_apps.routers.polymorph" in app_modules
+    for name in app_modules:
+        targets = top[name] | nested[name]
+        assert "rayserve_apps.app" not in targets, f"{name} imports the builder"
+        if name == "rayserve_apps.contracts":
+            assert not [t for t in targets if t.startswith("rayserve_apps")], targets
+        if name.startswith(("rayserve_apps.routers", "rayserve_apps.control")):
+            above = ("rayserve_apps.ingress", "rayserve_apps.replicas", "rayserve_apps.engine", "rayserve_apps.edge")
+            bad = [t for t in targets if t.startswith(above)]
+            assert not bad, f"{name} imports {bad}"
+
+
 @pytest.mark.parametrize("package", ["ops", "placement"])
 def test_leaf_layers_import_nothing_above_them(package):
     top, nested = import_graph()

@@ -70,11 +70,11 @@ def test_too_long_request_is_rejected_with_limit(handle):
 
 
 def test_allocation_update_keeps_in_flight_requests(handle):
-    from rayserve_apps.contracts import PolymorphUserConfig, allocation_update
+    from rayserve_apps.contracts import PolymorphAssignmentParams, allocation_update
 
     in_flight = [handle.embed_with_runtime.remote(tokens(10, texts=6)) for _ in range(4)]
     num_replicas, user_config = allocation_update({0: SHORT_RUNTIME, 1: LONG_RUNTIME}, {LONG_RUNTIME: 2}, version=2)
-    assignment = PolymorphUserConfig.model_validate(user_config).assignment
+    assignment = PolymorphAssignmentParams.model_validate(user_config).assignment
     assert num_replicas == 2 and assignment == {0: LONG_RUNTIME, 1: LONG_RUNTIME}
     new_handle = deploy(assignment, version=2)
     assert all(len(r.result(timeout_s=120)["embeddings"]) == 6 for r in in_flight)  # none dropped

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field, StrictInt
 from rayserve_apps.edge.errors import input_errors
 from rayserve_apps.edge.schemas import Text, StrictBody, validate_body
 from rayserve_apps.edge.native import embed_texts
-from rayserve_apps.ingress.forwarding import embedding_lists
+from rayserve_apps.edge.answer import embedding_lists
 from rayserve_apps.requests import RequestError, find_model
 
 if TYPE_CHECKING:

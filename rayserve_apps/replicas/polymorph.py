@@ -3,7 +3,7 @@
 All runtime instances of one model are replicas of ONE deployment, so that one `PolymorphRouter` sees them all and
 can apply Arlo's multi-level queue across runtimes (a Serve request router chooses among one deployment's replicas).
 Which runtime a replica runs is data: the deployment's `user_config` maps replica rank -> max length
-(`PolymorphUserConfig.assignment`); ranks it does not name run the longest runtime.
+(`PolymorphAssignmentParams.assignment`); ranks it does not name run the longest runtime.
 
 * execution ``packed`` (default) composes polymorphing with ConcatBatching (TCB §4.1): the replica's runtime is a
   `PackedStaticRuntime` of the same fixed shape [batch_size rows, max length L], and requests that wait for the
@@ -29,29 +29,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 
 from models.text_encoder import load_text_encoder
 from models.runtimes.static_runtime import DynamicRuntime, PackedStaticRuntime, StaticRuntime
 from placement.core.deployment_spec import ModelSpec
 from rayserve_apps._threads import set_torch_threads_for
-from rayserve_apps.contracts import (STATS_CAPACITY, STATS_EXECUTION, STATS_MAX_LENGTH, STATS_OUTSTANDING, Execution,
-                                     PolymorphUserConfig)
+from rayserve_apps.contracts import (STATS_CAPACITY, STATS_EXECUTION, STATS_MAX_LENGTH, STATS_OUTSTANDING,
+                                     PolymorphAssignmentParams, PolymorphRuntimeParams)
 
 logger = logging.getLogger("ray.serve")
-
-
-class PolymorphRuntimeParams(BaseModel):
-    """What every replica of the deployment shares."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    capacities: dict[int, int] = Field(description="Runtime max length in tokens -> capacity within the SLO (Arlo M_i), in requests.")
-    batch_size: int = Field(default=1, ge=1, description="Batch size (rows) each static runtime is compiled for (Arlo: small, fixed).")
-    backend: str = Field(default="trace", pattern="^(eager|trace|compile)$", description="Static compilation backend.")
-    execution: Execution = Field(default="packed", description="packed: ConcatBatching rows of the runtime's length "
-                                                               "(TCB §4.1); padded: one text per row padded to it (Arlo).")
 
 
 @dataclass
@@ -90,14 +77,14 @@ class PolymorphRuntimeDeployment:
 
     # --- allocation -------------------------------------------------------------------------------------------
     @staticmethod
-    def _initial_user_config() -> PolymorphUserConfig:
+    def _initial_user_config() -> PolymorphAssignmentParams:
         try:  # the first reconfigure runs after the metadata is captured, so read the config here
             raw = serve.get_replica_context()._deployment_config.user_config
         except Exception:  # pragma: no cover - outside a replica
             raw = None
-        return PolymorphUserConfig.model_validate(raw or {})
+        return PolymorphAssignmentParams.model_validate(raw or {})
 
-    def _assigned_length(self, config: PolymorphUserConfig, rank: int) -> int:
+    def _assigned_length(self, config: PolymorphAssignmentParams, rank: int) -> int:
         length = config.assignment.get(rank, self.longest)
         if length not in self.params.capacities:
             raise ValueError(f"user_config.assignment[{rank}]={length} is not a runtime (have {sorted(self.params.capacities)})")
@@ -109,7 +96,7 @@ class PolymorphRuntimeDeployment:
         return StaticRuntime(self.encoder, length, self.params.batch_size, backend=self.params.backend)  # type: ignore[arg-type]
 
     async def reconfigure(self, user_config: dict, rank: Any = None) -> None:
-        config = PolymorphUserConfig.model_validate(user_config or {})
+        config = PolymorphAssignmentParams.model_validate(user_config or {})
         length = self._assigned_length(config, int(rank.rank) if rank is not None else _current_rank())
         if length != self.runtime.max_length_tokens:
             logger.info("replica switches runtime %d -> %d (allocation v%d)", self.runtime.max_length_tokens, length, config.version)
