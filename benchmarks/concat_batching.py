@@ -295,7 +295,7 @@ def run_e2e(quick: bool, token_ids: list[list[int]]) -> dict:
     import ray
     from ray import serve
 
-    from rayserve_apps import build_app
+    from rayserve_apps.app import build_app
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

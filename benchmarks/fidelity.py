@@ -104,7 +104,7 @@ def one_device_group(models: list[str]) -> dict:
 
 def deploy(spec: dict, http_options: dict) -> None:
     from placement.core.deployment_spec import parse_spec
-    from rayserve_apps.live_update import application_config, apply_config
+    from rayserve_apps.control.live_update import application_config, apply_config
 
     apply_config([application_config(parse_spec(spec))], http_options)
 

@@ -43,7 +43,8 @@ def build(instances: int, num_devices: int, duration_s: float, seed: int):
     names = sorted(profiles.models)
     latency = [profiles.models[n].single_device_latency() for n in names]
     rate = TOTAL_RATE_PER_S * num_devices / NUM_DEVICES
-    workload = gamma_workload(names, rate, CV, [SLO_SCALE * l for l in latency], duration_s, POPULARITY_EXPONENT, seed)
+    workload = gamma_workload(names, rate, CV, [SLO_SCALE * lat for lat in latency], duration_s, POPULARITY_EXPONENT,
+                              seed)
     return names, profiles, workload
 
 

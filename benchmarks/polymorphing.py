@@ -228,7 +228,7 @@ def real_minilm_run(args) -> dict:
     staircase = measure_staircase(encoder, list(range(step, max_tokens + 1, step)), backend=backend, repeats=5, clock=clock)
     runtime_lengths = choose_runtime_lengths(staircase.lengths_tokens, staircase.latencies_s, max_runtimes=4)
     log.info("MiniLM staircase (%s): %s -> runtimes %s", backend,
-             [f"{l}:{s * 1e3:.1f}ms" for l, s in zip(staircase.lengths_tokens, staircase.latencies_s)], runtime_lengths)
+             [f"{n}:{s * 1e3:.1f}ms" for n, s in zip(staircase.lengths_tokens, staircase.latencies_s)], runtime_lengths)
     slo_s = 0.2
     profiles = RuntimeProfileSet(model="all-minilm-l6-v2", source="measured:this-machine-cpu", runtimes=[
         RuntimeProfile(max_length_tokens=length, batch_latency_s=measure_runtime_latencies(encoder, length, [1], backend, 3, clock),
@@ -254,7 +254,7 @@ def real_minilm_run(args) -> dict:
         "backends": {c.backend: {"latency_ms": c.latency_s * 1e3, "build_s": c.build_s, "max_abs_diff": c.max_abs_diff}
                      for c in comparison},
         "backend_used": backend,
-        "staircase_ms": {l: s * 1e3 for l, s in zip(staircase.lengths_tokens, staircase.latencies_s)},
+        "staircase_ms": {n: s * 1e3 for n, s in zip(staircase.lengths_tokens, staircase.latencies_s)},
         "runtime_lengths": runtime_lengths,
         "capacity_within_slo": {r.max_length_tokens: r.capacity_requests for r in profiles.runtimes},
         "requests_per_ideal_runtime": ideal,

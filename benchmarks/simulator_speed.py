@@ -51,7 +51,7 @@ def build_case(num_requests: int):
                                                  models=sorted(set(g))) for g in groups])
     latency = [profiles.models[n].single_device_latency() for n in names]
     duration = num_requests / TOTAL_RATE_PER_S
-    workload = gamma_workload(names, TOTAL_RATE_PER_S, CV, [SLO_SCALE * l for l in latency], duration,
+    workload = gamma_workload(names, TOTAL_RATE_PER_S, CV, [SLO_SCALE * lat for lat in latency], duration,
                               POPULARITY_EXPONENT, seed=0)
     return placement, profiles, workload
 

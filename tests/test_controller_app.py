@@ -24,7 +24,7 @@ from models import load_vit
 from placement.alpaserve.paper_profiles import model_profile
 from placement.core.profiles import ProfileSet
 from placement.core.deployment_spec import parse_spec
-from rayserve_apps.live_update import application_config, apply_config
+from rayserve_apps.control.live_update import application_config, apply_config
 
 pytestmark = pytest.mark.ray
 

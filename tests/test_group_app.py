@@ -20,7 +20,7 @@ from ray import serve
 from conftest import TEST_DEVICE_RESOURCE, free_port
 from models import load_text_encoder, load_vit
 from placement.core.deployment_spec import parse_spec
-from rayserve_apps.live_update import apply_config, application_config, placement_overrides
+from rayserve_apps.control.live_update import apply_config, application_config, placement_overrides
 
 pytestmark = pytest.mark.ray
 

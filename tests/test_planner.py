@@ -19,7 +19,7 @@ def case(counts, total_rate, cv, duration_s=120.0, slo_scale=5.0, seed=0):
     model_set = replicate_profiles(table1_profiles(), counts)
     names = sorted(model_set.profiles.models)
     latency = [model_set.profiles.models[n].single_device_latency() for n in names]
-    workload = gamma_workload(names, total_rate, cv, [slo_scale * l for l in latency], duration_s,
+    workload = gamma_workload(names, total_rate, cv, [slo_scale * lat for lat in latency], duration_s,
                               popularity_exponent=0.5, seed=seed)
     return names, model_set.profiles, workload
 

@@ -31,7 +31,8 @@ def synthetic_profile(name: str, latency_s: float, weight_bytes: int = GB, batch
 
 
 def profiles(latencies: dict[str, float]) -> ProfileSet:
-    return ProfileSet(source="synthetic", device="test", models={n: synthetic_profile(n, l) for n, l in latencies.items()})
+    models = {n: synthetic_profile(n, lat) for n, lat in latencies.items()}
+    return ProfileSet(source="synthetic", device="test", models=models)
 
 
 def poisson_workload(names, rates, duration_s, slo_s=math.inf, seed=0) -> Workload:

@@ -168,7 +168,8 @@ def test_vision_replica_runs_otas_on_the_trained_digits_model(ray_serve):
     import requests
     from ray import serve
 
-    from rayserve_apps import APP_NAME, build_app
+    from rayserve_apps.app import build_app
+    from rayserve_apps.contracts import APP_NAME
 
     spec = {"models": [{
         "name": "digits", "kind": "vision", "source": "timm:vit_tiny_patch16_224", "num_classes": 10, "image_size_px": 32,

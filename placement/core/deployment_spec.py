@@ -170,7 +170,7 @@ class DeploymentSpec(_Strict):
 
     controller: ControllerSpec | None = Field(
         default=None,
-        description="The live placement controller (rayserve_apps/controller.py); null: the placement stays as deployed.",
+        description="The live placement controller (rayserve_apps/control/controller.py); null: the placement stays as deployed.",
     )
 
     @field_validator("models")

@@ -3,7 +3,7 @@
 A batch has B rows of at most L tokens (TCB §5.1); several requests share a row (ops/packing.py). The schedulers
 are pure policies: `form_batch(now_s, queue)` takes the clock and the waiting requests and returns a
 `BatchDecision` (the requests of every row, or of every slot, and the requests dropped because their deadline
-passed). The simulator (placement/tcb/trace_replay.py) and the live text replica (rayserve_apps/text_deployment.py)
+passed). The simulator (placement/tcb/trace_replay.py) and the live text replica (rayserve_apps/replicas/text.py)
 call the same objects.
 
 - `das`: TCB Alg. 1, online deadline-aware scheduling (utility 1/length, eta + q = 1).

@@ -29,7 +29,7 @@ from placement.core.deployment_spec import ModelSpec
 from rayserve_apps.requests import RequestError, find_model, parse_json_body
 
 if TYPE_CHECKING:
-    from rayserve_apps.ingress import Ingress
+    from rayserve_apps.ingress.deployment import Ingress
 
 #: Header giving the length of the JSON part of a request or response that carries binary tensors.
 HEADER_LENGTH = "Inference-Header-Content-Length"

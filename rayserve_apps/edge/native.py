@@ -18,7 +18,7 @@ from rayserve_apps.edge.schemas import ClassifyRequest, EmbedRequest, validate_b
 from rayserve_apps.requests import ImageContract, RequestError, check_images, check_query_options, check_texts, find_model
 
 if TYPE_CHECKING:
-    from rayserve_apps.ingress import Ingress
+    from rayserve_apps.ingress.deployment import Ingress
 
 
 class Edge:

@@ -81,13 +81,6 @@ def model_source(spec: ModelSpec) -> ModelSource:
     )
 
 
-def group_bundles(num_devices: int, device_resource: str, replica_num_cpus: float, num_cpus_per_device: float) -> list[dict[str, float]]:
-    """The placement-group bundles of a group replica: the replica, then one bundle per device."""
-    # With 'CPU' as the device resource (a single machine without accelerators), a device is a CPU share.
-    device_bundle = {"CPU": num_cpus_per_device} if device_resource == "CPU" else {device_resource: 1.0, "CPU": num_cpus_per_device}
-    return [{"CPU": replica_num_cpus}] + [dict(device_bundle) for _ in range(num_devices)]
-
-
 @dataclass
 class HostedModel:
     """A model running on this group's devices, with its in-flight count for draining and routing."""

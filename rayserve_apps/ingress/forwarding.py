@@ -96,8 +96,3 @@ class BatchForwarder:
             self.requests += len(batch)
             self._in_flight -= 1
             self._schedule(asyncio.get_running_loop())
-
-
-def embedding_lists(rows: Sequence[Any]) -> list[list[float]]:
-    """Embeddings as JSON-ready lists: replicas answer float32 numpy rows (batched calls) or lists (Arlo's router)."""
-    return [row.tolist() if hasattr(row, "tolist") else list(row) for row in rows]

@@ -17,8 +17,8 @@ from placement.alpaserve.dispatch import make_dispatch
 from placement.alpaserve.placement_rollout import SlotLayout
 from placement.core.deployment_spec import DeploymentSpec
 from rayserve_apps import metrics
-from rayserve_apps.forwarding import BatchForwarder
-from rayserve_apps.group_dispatch import GroupDispatcher
+from rayserve_apps.ingress.forwarding import BatchForwarder
+from rayserve_apps.ingress.group_dispatch import GroupDispatcher
 from rayserve_apps.requests import RequestError
 
 #: Dispatch policy used when the spec names none.

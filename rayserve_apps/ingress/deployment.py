@@ -44,10 +44,10 @@ from rayserve_apps.edge.attainment import SloAttainment
 from rayserve_apps.edge.errors import install_error_handlers
 from rayserve_apps.edge.health import group_info
 from rayserve_apps.edge.schemas import ERROR_RESPONSES, ClassifyRequest, ClassifyResponse, EmbedRequest, EmbedResponse, json_body
-from rayserve_apps.forwarding import embedding_lists
-from rayserve_apps.backends import Backend, GroupBackend, ModelDeploymentBackend, ModelRouterBackend
-from rayserve_apps.polymorph_runtime_deployment import polymorphing_params
-from rayserve_apps.traffic_reporter import TrafficReporter
+from rayserve_apps.edge.answer import embedding_lists
+from rayserve_apps.ingress.backends import Backend, GroupBackend, ModelDeploymentBackend, ModelRouterBackend
+from rayserve_apps.contracts import polymorphing_params
+from rayserve_apps.ingress.traffic_reporter import TrafficReporter
 from rayserve_apps.requests import (
     ImageContract,
     RequestError,

@@ -41,10 +41,10 @@ from placement.alpaserve.placement_rollout import Rollout, SlotLayout, plan_roll
 from placement.core.deployment_spec import DeploymentSpec, parse_spec
 from placement.core.traffic_window import RequestRecord, TrafficWindow
 from rayserve_apps import metrics
-from rayserve_apps.app import APP_NAME, INGRESS_DEPLOYMENT, group_deployment_name, initial_layout
-from rayserve_apps.decision_log import DecisionLog
-from rayserve_apps.live_update import apply_overrides, deployed_overrides, layout_overrides
-from rayserve_apps.runtime_allocations import RuntimeAllocations, ScalingUpdate
+from rayserve_apps.contracts import APP_NAME, INGRESS_DEPLOYMENT, group_deployment_name, initial_layout
+from rayserve_apps.control.decision_log import DecisionLog
+from rayserve_apps.control.live_update import apply_overrides, deployed_overrides, layout_overrides
+from rayserve_apps.control.runtime_allocations import RuntimeAllocations, ScalingUpdate
 
 logger = logging.getLogger("ray.serve")
 
