@@ -37,8 +37,8 @@ from models.batching_baselines import NaiveBatchingEngine, SortedBatchingEngine
 from models.packed_text import ConcatBatchingEngine, PackedTextEncoder
 from models.text_encoder import load_text_encoder
 from placement.core.arrivals import poisson_arrivals
-from placement.tcb.trace_replay import replay
 from placement.tcb.batch_scheduler import BatchDecision, TextRequest, make_batch_scheduler
+from placement.tcb.trace_replay import replay
 
 log = setup_logging("concat_batching")
 

@@ -352,8 +352,8 @@ async def run(args) -> dict:
     from ray import serve
 
     from models.text_encoder import load_text_encoder
-    from placement.core.placement_plan import Placement
     from placement.alpaserve.planner import PlannerConfig, plan
+    from placement.core.placement_plan import Placement
 
     http_options = {"host": "127.0.0.1", "port": free_port()}
     serve.start(http_options=http_options)

@@ -21,11 +21,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._common import emit_json, machine_description, make_parser, out_dir, setup_logging  # noqa: E402
 from placement.alpaserve.baselines import selective_replication  # noqa: E402
 from placement.alpaserve.paper_profiles import (  # noqa: E402
-    V100_WEIGHT_BUDGET_BYTES, replicate_profiles, table1_profiles,
+    V100_WEIGHT_BUDGET_BYTES,
+    replicate_profiles,
+    table1_profiles,
 )
 from placement.alpaserve.planner import PlannerConfig, _Problem, greedy_selection, plan  # noqa: E402
-from placement.core.placement_plan import SearchStats  # noqa: E402
 from placement.alpaserve.simulator import simulate  # noqa: E402
+from placement.core.placement_plan import SearchStats  # noqa: E402
 from placement.core.workload import gamma_workload  # noqa: E402
 
 MODELS = ("bert-1.3b", "bert-2.7b", "bert-6.7b", "moe-1.3b", "moe-2.4b", "moe-5.3b")

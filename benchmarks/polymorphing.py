@@ -32,10 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import emit_json, make_parser, out_dir, setup_logging  # noqa: E402
 from placement.arlo.paper_profiles import dynamic_latency_s, paper_runtime_profiles  # noqa: E402
-from placement.arlo.runtimes import RuntimeProfile, RuntimeProfileSet, choose_runtime_lengths  # noqa: E402
 from placement.arlo.request_scheduler import ArloDispatch  # noqa: E402
-from placement.arlo.simulation import SCHEMES, simulate  # noqa: E402
 from placement.arlo.runtime_allocation import allocation_lower_bounds, solve_allocation  # noqa: E402
+from placement.arlo.runtimes import RuntimeProfile, RuntimeProfileSet, choose_runtime_lengths  # noqa: E402
+from placement.arlo.simulation import SCHEMES, simulate  # noqa: E402
 from placement.core.arrivals import MarkovModulatedProcess, PoissonProcess  # noqa: E402
 
 log = setup_logging("polymorphing")
@@ -210,11 +210,15 @@ def dispatch_throughput(args) -> dict:
 def real_minilm_run(args) -> dict:
     import torch
 
-    from models.text_encoder import load_text_encoder
     from models.runtimes.length_staircase import measure_runtime_latencies, measure_staircase
     from models.runtimes.static_runtime import (
-        DynamicRuntime, StaticRuntime, compare_backends, fastest_exact_backend, time_call,
+        DynamicRuntime,
+        StaticRuntime,
+        compare_backends,
+        fastest_exact_backend,
+        time_call,
     )
+    from models.text_encoder import load_text_encoder
 
     torch.set_num_threads(1)
     encoder = load_text_encoder()

@@ -42,8 +42,8 @@ from models.adaptive_vit_profile import (
 )
 from models.task_registry import DIGITS_ARTIFACTS_DIR, TaskRegistry
 from models.train_adaptive_vit import load_digits_splits
-from placement.otas.baselines import FixedGammaAllocator, ModelSwitchingAllocator
 from placement.otas.adaptive_batching import AdaptiveBatchingParams
+from placement.otas.baselines import FixedGammaAllocator, ModelSwitchingAllocator
 from placement.otas.profile import OtasProfile
 from placement.otas.replica_scheduler import OUTCOMES, OtasScheduler
 from placement.otas.simulation import QueryType, bursty_rates, fluctuating_poisson_trace, fluctuating_rates, simulate

@@ -16,12 +16,12 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from placement.core.profiles import ConfigProfile, ModelProfile, ParallelConfig, ProfileSet, StageProfile
 from parallel.comm_model import CommModel
 from parallel.inter_op import StagePartition, slice_stages
 from parallel.intra_op import BlockCost, IntraOpSolution, StageCost, evaluate, solve_intra_op, stage_problem
 from parallel.plan import ParallelPlan, StagePlan
 from parallel.profiler import LayerProfileSet, ModelLayerProfile, shape_key
+from placement.core.profiles import ConfigProfile, ModelProfile, ParallelConfig, ProfileSet, StageProfile
 
 logger = logging.getLogger(__name__)
 

@@ -10,12 +10,12 @@ only shard 0 returns it.
 from __future__ import annotations
 
 import datetime
-from collections import deque
 import gc
 import logging
 import os
 import socket
 import time
+from collections import deque
 
 import ray
 import torch

@@ -19,8 +19,14 @@ from torch import nn
 
 from models.adaptive_vit_layers import AdaptiveBlockLayer, load_adaptive_backbone
 from models.layers import ActivationState, Layer
-from parallel.tensor_parallel import (BlockShardingPlan, Collectives, TensorParallelBlock, TensorParallelBlockLayer,
-                                      bert_block_parts, vit_block_parts)
+from parallel.tensor_parallel import (
+    BlockShardingPlan,
+    Collectives,
+    TensorParallelBlock,
+    TensorParallelBlockLayer,
+    bert_block_parts,
+    vit_block_parts,
+)
 
 
 class ModelSource(BaseModel):

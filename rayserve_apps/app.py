@@ -21,15 +21,32 @@ from models.text_encoder import load_text_tokenizer
 from placement.alpaserve.deployment_planning import plan_deployment
 from placement.core.deployment_spec import DeploymentSpec, ModelSpec, parse_spec
 from placement.core.placement_plan import GroupPlacement
+from rayserve_apps.contracts import (
+    CONTROLLER_DEPLOYMENT,
+    GROUP_REPLICA_NUM_CPUS,
+    PolymorphAssignmentParams,
+    PolymorphingPolicyParams,
+    PolymorphRuntimeParams,
+    allocation_update,
+    group_bundles_for,
+    group_deployment_name,
+    group_max_queued_requests,
+    group_user_config,
+    ingress_user_config,
+    initial_layout,
+    model_deployment_name,
+    polymorphing_params,
+)
 from rayserve_apps.control.cluster_fit import check_placement_fits
-from rayserve_apps.contracts import (CONTROLLER_DEPLOYMENT, GROUP_REPLICA_NUM_CPUS, PolymorphingPolicyParams,
-                                     PolymorphAssignmentParams, PolymorphRuntimeParams, allocation_update, group_bundles_for, group_deployment_name,
-                                     group_max_queued_requests, group_user_config, ingress_user_config, initial_layout,
-                                     model_deployment_name, polymorphing_params)
 from rayserve_apps.control.controller import PlacementController
 from rayserve_apps.engine import batching_scheduler_for
-from rayserve_apps.text_deployment import TextModelDeployment
-from rayserve_apps.vision_deployment import VisionModelDeployment, vision_max_ongoing_requests
+from rayserve_apps.ingress.deployment import Ingress
+from rayserve_apps.replicas.group import GroupReplica
+from rayserve_apps.replicas.polymorph import PolymorphRuntimeDeployment
+from rayserve_apps.replicas.text import TextModelDeployment
+from rayserve_apps.replicas.vision import VisionModelDeployment, vision_max_ongoing_requests
+from rayserve_apps.routers.model_aware import ModelAwareRouter
+from rayserve_apps.routers.polymorph import PolymorphRouter
 
 logger = logging.getLogger(__name__)
 

@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 import requests
 import torch
+from conftest import TEST_DEVICE_RESOURCE, free_port, restart_controller
 from ray import serve
 
-from conftest import TEST_DEVICE_RESOURCE, free_port, restart_controller
 from models import load_vit
 from placement.alpaserve.paper_profiles import model_profile
-from placement.core.profiles import ProfileSet
 from placement.core.deployment_spec import parse_spec
+from placement.core.profiles import ProfileSet
 from rayserve_apps.control.live_update import application_config, apply_config
 
 pytestmark = pytest.mark.ray

@@ -15,12 +15,12 @@ import pytest
 import requests
 import torch
 import torch.nn.functional as F
+from conftest import TEST_DEVICE_RESOURCE, free_port
 from ray import serve
 
-from conftest import TEST_DEVICE_RESOURCE, free_port
 from models import load_text_encoder, load_vit
 from placement.core.deployment_spec import parse_spec
-from rayserve_apps.control.live_update import apply_config, application_config, placement_overrides
+from rayserve_apps.control.live_update import application_config, apply_config, placement_overrides
 
 pytestmark = pytest.mark.ray
 
@@ -193,7 +193,6 @@ def test_custom_metrics_reach_prometheus(app):
 def test_killed_stage_actor_fails_only_its_requests_and_is_rebuilt(app):
     import os
     import signal
-
     import threading
 
     ready_url = f"{app['url']}/v2/health/ready"

@@ -8,9 +8,9 @@ keep the test light.
 import numpy as np
 import pytest
 import torch
+from conftest import TEST_DEVICE_RESOURCE
 from ray import serve
 
-from conftest import TEST_DEVICE_RESOURCE
 from models import load_vit
 from placement.core.deployment_spec import parse_spec
 from rayserve_apps.app import build_app

@@ -7,10 +7,14 @@ import random
 
 import pytest
 
-from placement.otas.baselines import FixedGammaAllocator, ModelSwitchingAllocator
 from placement.otas.adaptive_batching import (
-    AdaptiveBatcher, AdaptiveBatchingParams, OtasBatch, OtasRequest, parse_batching_params,
+    AdaptiveBatcher,
+    AdaptiveBatchingParams,
+    OtasBatch,
+    OtasRequest,
+    parse_batching_params,
 )
+from placement.otas.baselines import FixedGammaAllocator, ModelSwitchingAllocator
 from placement.otas.profile import OtasProfile
 from placement.otas.replica_scheduler import OtasScheduler
 from placement.otas.simulation import QueryType, fluctuating_poisson_trace, fluctuating_rates, simulate

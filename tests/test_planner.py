@@ -5,11 +5,19 @@ import pytest
 
 from placement.alpaserve.baselines import clockwork_plus_plus, round_robin, selective_replication
 from placement.alpaserve.paper_profiles import GB, alpaserve_test_profiles, replicate_profiles, table1_profiles
-from placement.core.placement_plan import GroupPlacement, Placement
-from placement.alpaserve.planner import (PlannerConfig, device_buckets, group_partitions, model_buckets, parallel_configs, plan,
-                               select_models, uneven_partitions)
-from placement.core.profiles import ParallelConfig
+from placement.alpaserve.planner import (
+    PlannerConfig,
+    device_buckets,
+    group_partitions,
+    model_buckets,
+    parallel_configs,
+    plan,
+    select_models,
+    uneven_partitions,
+)
 from placement.alpaserve.simulator import simulate
+from placement.core.placement_plan import GroupPlacement, Placement
+from placement.core.profiles import ParallelConfig
 from placement.core.workload import gamma_workload
 
 BUDGET = 13 * GB

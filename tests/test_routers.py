@@ -13,8 +13,13 @@ import pytest
 from ray.serve._private.common import DeploymentHandleSource, DeploymentID, ReplicaID, RequestMetadata
 from ray.serve.request_router import PendingRequest, RunningReplica
 
-from rayserve_apps.contracts import (STATS_CAPACITY, STATS_MAX_LENGTH, STATS_MODELS, STATS_OUTSTANDING,
-                                     STATS_QUEUE_LENGTH)
+from rayserve_apps.contracts import (
+    STATS_CAPACITY,
+    STATS_MAX_LENGTH,
+    STATS_MODELS,
+    STATS_OUTSTANDING,
+    STATS_QUEUE_LENGTH,
+)
 from rayserve_apps.routers.model_aware import ModelAwareRouter
 from rayserve_apps.routers.polymorph import PolymorphRouter, request_length_tokens
 

@@ -6,9 +6,14 @@ import numpy as np
 import pytest
 
 from placement.arlo.paper_profiles import paper_runtime_profiles
+from placement.arlo.runtime_allocation import (
+    PeriodicRuntimeAllocator,
+    allocation_lower_bounds,
+    evaluate_allocation,
+    solve_allocation,
+    solve_allocation_brute_force,
+)
 from placement.arlo.runtimes import RuntimeProfile, RuntimeProfileSet
-from placement.arlo.runtime_allocation import (PeriodicRuntimeAllocator, allocation_lower_bounds, evaluate_allocation,
-                                          solve_allocation, solve_allocation_brute_force)
 
 
 def random_case(rng: np.random.Generator):

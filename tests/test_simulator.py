@@ -8,10 +8,10 @@ import pytest
 
 from placement.alpaserve.batching import MaxBatchWithinSLO
 from placement.alpaserve.dispatch import EarliestFinishDispatch, GroupView, RoundRobinDispatch, ShortestQueueDispatch
+from placement.alpaserve.simulator import LATE, REJECTED, SERVED, UNPLACED, SimulatorConfig, simulate
+from placement.core.arrivals import GammaProcess, PoissonProcess
 from placement.core.placement_plan import GroupPlacement, Placement
 from placement.core.profiles import ConfigProfile, ModelProfile, ParallelConfig, ProfileSet, StageProfile
-from placement.alpaserve.simulator import LATE, REJECTED, SERVED, UNPLACED, SimulatorConfig, simulate
-from placement.core.arrivals import PoissonProcess, GammaProcess
 from placement.core.workload import ModelTraffic, Workload, generate_workload
 
 GB = 10**9

@@ -6,9 +6,14 @@ import random
 
 import pytest
 
+from placement.tcb.batch_scheduler import (
+    BatchingParams,
+    TextRequest,
+    das_rows,
+    make_batch_scheduler,
+    parse_batching_params,
+)
 from placement.tcb.trace_replay import replay
-from placement.tcb.batch_scheduler import (BatchingParams, TextRequest, das_rows, make_batch_scheduler,
-                                     parse_batching_params)
 
 ALL = ["das", "slotted_das", "fcfs", "sjf", "edf"]
 

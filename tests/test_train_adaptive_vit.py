@@ -146,8 +146,8 @@ def test_otas_executor_answers_every_image_at_a_planned_gamma(registry, executor
 def test_otas_executor_evicts_hopeless_queries_and_names_bad_fields(registry, executor_parts, images):
     import asyncio
 
-    from rayserve_apps.requests import RequestError
     from rayserve_apps.engine.otas_executor import OtasExecutor, parse_otas_params
+    from rayserve_apps.requests import RequestError
 
     profile, params = executor_parts
     executor = OtasExecutor(registry, profile, params, default_slo_ms=60_000)

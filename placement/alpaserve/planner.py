@@ -42,9 +42,9 @@ from typing import Sequence
 
 import numpy as np
 
+from placement.alpaserve.simulator import LatencyCache, SimulatorConfig, simulate_groups
 from placement.core.placement_plan import GroupPlacement, Placement, SearchStats
 from placement.core.profiles import ParallelConfig, ProfileSet
-from placement.alpaserve.simulator import LatencyCache, SimulatorConfig, simulate_groups
 from placement.core.workload import Workload
 
 logger = logging.getLogger(__name__)

@@ -24,10 +24,10 @@ from typing import Literal, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from placement.core.placement_plan import Placement
 from placement.alpaserve.planner import PlannerConfig, place_unplaced, plan, select_models
-from placement.core.profiles import ProfileSet
 from placement.alpaserve.simulator import simulate
+from placement.core.placement_plan import Placement
+from placement.core.profiles import ProfileSet
 from placement.core.traces import fit_arrivals
 from placement.core.traffic_window import ObservedTraffic
 

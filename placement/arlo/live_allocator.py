@@ -29,10 +29,16 @@ from typing import Any, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from placement.arlo.runtimes import RuntimeProfile, RuntimeProfileSet
 from placement.arlo.instance_replacement import rank_assignment
-from placement.arlo.runtime_allocation import (ARLO_ALLOCATION_PERIOD_S, RuntimeAllocation, allocation_lower_bounds,
-                                          evaluate_allocation, proportional_allocation, solve_allocation)
+from placement.arlo.runtime_allocation import (
+    ARLO_ALLOCATION_PERIOD_S,
+    RuntimeAllocation,
+    allocation_lower_bounds,
+    evaluate_allocation,
+    proportional_allocation,
+    solve_allocation,
+)
+from placement.arlo.runtimes import RuntimeProfile, RuntimeProfileSet
 
 logger = logging.getLogger(__name__)
 

@@ -23,10 +23,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from placement.arlo.runtimes import RuntimeProfileSet
-from placement.arlo.request_scheduler import DISPATCH_POLICIES, IntraGroupLoadBalance, MultiLevelQueue
 from placement.arlo.instance_replacement import plan_replacement
+from placement.arlo.request_scheduler import DISPATCH_POLICIES, IntraGroupLoadBalance, MultiLevelQueue
 from placement.arlo.runtime_allocation import proportional_allocation, solve_allocation
+from placement.arlo.runtimes import RuntimeProfileSet
 from placement.sim.outcomes import LATE, SERVED, RequestOutcomes
 
 logger = logging.getLogger(__name__)

@@ -33,12 +33,12 @@ from typing import Any
 
 from ray import serve
 
-from placement.arlo.live_allocator import AllocationDecision
 from placement.alpaserve.deployment_planning import replan_policy
+from placement.alpaserve.placement_rollout import Rollout, SlotLayout, plan_rollout, transition_routes
+from placement.arlo.live_allocator import AllocationDecision
+from placement.core.deployment_spec import DeploymentSpec, parse_spec
 from placement.core.placement_plan import GroupPlacement, Placement
 from placement.core.profiles import ParallelConfig
-from placement.alpaserve.placement_rollout import Rollout, SlotLayout, plan_rollout, transition_routes
-from placement.core.deployment_spec import DeploymentSpec, parse_spec
 from placement.core.traffic_window import RequestRecord, TrafficWindow
 from rayserve_apps import metrics
 from rayserve_apps.contracts import APP_NAME, INGRESS_DEPLOYMENT, group_deployment_name, initial_layout

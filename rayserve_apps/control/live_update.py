@@ -21,9 +21,9 @@ from typing import Any
 from ray import serve
 from ray.serve.schema import ServeDeploySchema
 
-from placement.core.placement_plan import Placement
 from placement.alpaserve.placement_rollout import SlotLayout
 from placement.core.deployment_spec import DeploymentSpec
+from placement.core.placement_plan import Placement
 from rayserve_apps.contracts import (
     APP_IMPORT_PATH,
     APP_NAME,

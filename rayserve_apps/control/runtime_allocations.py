@@ -25,12 +25,16 @@ from typing import Any, Iterable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from placement.arlo.live_allocator import AllocationDecision, LiveRuntimeAllocator, apply_scaling
 from placement.arlo.autoscaling import TargetTrackingAutoscaler
+from placement.arlo.live_allocator import AllocationDecision, LiveRuntimeAllocator, apply_scaling
 from placement.core.deployment_spec import DeploymentSpec
 from placement.core.traffic_window import RequestRecord
-from rayserve_apps.contracts import PolymorphAssignmentParams, allocation_update, model_deployment_name, polymorphing_params
-
+from rayserve_apps.contracts import (
+    PolymorphAssignmentParams,
+    allocation_update,
+    model_deployment_name,
+    polymorphing_params,
+)
 
 #: Latencies kept per model between two autoscaling checks (older ones are dropped first).
 MAX_PENDING_LATENCIES = 100_000

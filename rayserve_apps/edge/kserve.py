@@ -20,12 +20,12 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
+from placement.core.deployment_spec import ModelSpec
 from rayserve_apps.edge.body_limit import read_body
 from rayserve_apps.edge.errors import input_errors
 from rayserve_apps.edge.health import models_ready
-from rayserve_apps.edge.schemas import Text, validate_body
 from rayserve_apps.edge.native import checked_images, embed_texts, from_pixels
-from placement.core.deployment_spec import ModelSpec
+from rayserve_apps.edge.schemas import Text, validate_body
 from rayserve_apps.requests import RequestError, find_model, parse_json_body
 
 if TYPE_CHECKING:

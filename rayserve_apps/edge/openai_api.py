@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from pydantic import BaseModel, Field, StrictInt
 
-from rayserve_apps.edge.errors import input_errors
-from rayserve_apps.edge.schemas import Text, StrictBody, validate_body
-from rayserve_apps.edge.native import embed_texts
 from rayserve_apps.edge.answer import embedding_lists
+from rayserve_apps.edge.errors import input_errors
+from rayserve_apps.edge.native import embed_texts
+from rayserve_apps.edge.schemas import StrictBody, Text, validate_body
 from rayserve_apps.requests import RequestError, find_model
 
 if TYPE_CHECKING:

@@ -51,13 +51,22 @@ from ops.packing import PackedBatch
 from parallel.group_runtime import GroupFailedError, ModelParallelGroup
 from parallel.plan import ParallelPlan
 from parallel.stage_layers import ModelSource
-from placement.core.profiles import ParallelConfig
 from placement.core.deployment_spec import ModelSpec
+from placement.core.profiles import ParallelConfig
 from rayserve_apps import metrics
-from rayserve_apps.engine import (ImageBatchFormer, ServingEngine, StagedOtasBackend, StagedTextBackend,
-                                  StagedVisionBackend, TextBatchFormer, answer_requests, batching_scheduler_for)
+from rayserve_apps.contracts import STATS_MODELS, STATS_QUEUE_LENGTH
+from rayserve_apps.engine import (
+    ImageBatchFormer,
+    ServingEngine,
+    StagedOtasBackend,
+    StagedTextBackend,
+    StagedVisionBackend,
+    TextBatchFormer,
+    answer_requests,
+    batching_scheduler_for,
+)
 from rayserve_apps.engine.otas_executor import OtasExecutor, OtasMetrics, load_otas_parts, token_adaptation_params
-from rayserve_apps.text_deployment import check_text_request, text_batch_metrics
+from rayserve_apps.replicas.text import check_text_request, text_batch_metrics
 
 logger = logging.getLogger("ray.serve")
 
@@ -335,7 +344,7 @@ class GroupReplica:
         return sum(hosted.in_flight for hosted in self.models.values())
 
     def record_routing_stats(self) -> dict[str, Any]:
-        return {"models": sorted(self.models), "queue_length": self.queue_length()}
+        return {STATS_MODELS: sorted(self.models), STATS_QUEUE_LENGTH: self.queue_length()}
 
     async def info(self) -> dict[str, Any]:
         """Where and what this replica is: for `GET /v1/placement`, tests and people."""

@@ -31,12 +31,18 @@ from typing import Any
 import torch
 from ray import serve
 
-from models.text_encoder import load_text_encoder
 from models.runtimes.static_runtime import DynamicRuntime, PackedStaticRuntime, StaticRuntime
+from models.text_encoder import load_text_encoder
 from placement.core.deployment_spec import ModelSpec
 from rayserve_apps._threads import set_torch_threads_for
-from rayserve_apps.contracts import (STATS_CAPACITY, STATS_EXECUTION, STATS_MAX_LENGTH, STATS_OUTSTANDING,
-                                     PolymorphAssignmentParams, PolymorphRuntimeParams)
+from rayserve_apps.contracts import (
+    STATS_CAPACITY,
+    STATS_EXECUTION,
+    STATS_MAX_LENGTH,
+    STATS_OUTSTANDING,
+    PolymorphAssignmentParams,
+    PolymorphRuntimeParams,
+)
 
 logger = logging.getLogger("ray.serve")
 
