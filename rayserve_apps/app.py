@@ -50,6 +50,17 @@ from rayserve_apps.routers.polymorph import PolymorphRouter
 
 logger = logging.getLogger(__name__)
 
+#: Ray Serve settings of every plexserve replica (the ones Serve's own RAY_SERVE_THROUGHPUT_OPTIMIZED mode picks for
+#: a replica): user code runs on the replica's event loop and a handle's router on the caller's loop, which saves
+#: two thread hand-offs per request and per call; plexserve's replicas never block their loop (model work runs in
+#: worker threads or stage actors).
+REPLICA_ENV_VARS = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
+
+
+def replica_actor_options(num_cpus: float) -> dict[str, Any]:
+    """`ray_actor_options` of a plexserve replica reserving `num_cpus`."""
+    return {"num_cpus": num_cpus, "runtime_env": {"env_vars": dict(REPLICA_ENV_VARS)}}
+
 #: Seconds between a group replica's routing-stats reports (hosted models, queue length) to the router.
 ROUTING_STATS_PERIOD_S = 1.0
 #: Seconds Serve waits for a stopping group replica's in-flight requests (a group stopped by a re-placement).
@@ -63,7 +74,7 @@ def _bind_group(spec: DeploymentSpec, index: int, group: GroupPlacement | None, 
         name=group_deployment_name(index),
         num_replicas=1,
         max_queued_requests=group_max_queued_requests(spec, group),
-        ray_actor_options={"num_cpus": GROUP_REPLICA_NUM_CPUS},
+        ray_actor_options=replica_actor_options(GROUP_REPLICA_NUM_CPUS),
         placement_group_bundles=group_bundles_for(spec, group),
         # A group's stages exchange activations every request: keep all its devices on one node.
         placement_group_strategy="STRICT_PACK",
@@ -81,7 +92,7 @@ def _bind_model(spec: DeploymentSpec, model: ModelSpec) -> Application:
     if polymorphing_params(spec, model.name) is not None:
         return bind_polymorph_model(model, spec.policy("polymorphing", model.name).params, name)  # type: ignore[union-attr]
     options = dict(name=name, num_replicas=model.num_replicas, max_queued_requests=model.max_queued_requests,
-                   ray_actor_options={"num_cpus": model.num_cpus_per_replica})
+                   ray_actor_options=replica_actor_options(model.num_cpus_per_replica))
     if model.kind == "text":
         batching = spec.policy("batching", model.name)
         limit = model.max_input_length_tokens or load_text_tokenizer(model.source).max_length
@@ -117,7 +128,7 @@ def bind_polymorph_model(model: ModelSpec, params: dict, deployment_name: str, a
         name=deployment_name,
         num_replicas=num_replicas,
         max_ongoing_requests=max_ongoing_requests,
-        ray_actor_options={"num_cpus": model.num_cpus_per_replica},
+        ray_actor_options=replica_actor_options(model.num_cpus_per_replica),
         user_config=user_config,
         request_router_config=RequestRouterConfig(
             request_router_class=PolymorphRouter,
@@ -139,7 +150,7 @@ def build_app(args: dict[str, Any] | DeploymentSpec) -> Application:
     """Ray Serve application builder: `import_path: rayserve_apps.app:build_app`, `args:` a deployment spec."""
     spec = resolve_placement(parse_spec(args))
     layout = initial_layout(spec)
-    ingress = Ingress.options(ray_actor_options={"num_cpus": spec.serving.num_cpus_ingress},
+    ingress = Ingress.options(ray_actor_options=replica_actor_options(spec.serving.num_cpus_ingress),
                               max_ongoing_requests=spec.serving.ingress_max_ongoing_requests,
                               user_config=ingress_user_config(layout, layout.routes(), version=0))
     groups = []
