@@ -24,9 +24,9 @@ Beyond the paper (each a `PlannerConfig` field; issue 15 measured why, see bench
   size 3 at a tenth of its simulations;
 * a warm start: `plan(..., warm_start=running)` also scores the running placement and its groups re-selected.
 
-`screen_keep=0, uneven_partitions=False, stress_factors=(), one_bucket_candidate=False, lookahead=0,
-refine_simulations=0, fill_memory=False` is the paper's search (every equal partition x configuration planned in
-full, ranked by planning attainment). Further opt-in speed-ups for large cases:
+`PlannerConfig.paper()` is the paper's search (Alg. 1 greedy, every divisor group size x profiled configuration
+planned in full, ranked by planning attainment); `PlannerConfig()`, the project default, is the improved search
+above. benchmarks/paper_claims.py scores both on held-out traffic. Further opt-in speed-ups for large cases:
 several replicas per simulation in the full run too (`replicas_per_round`), and models ranked by unserved requests
 per weight byte (`fast_rank`).
 """
@@ -110,7 +110,8 @@ PAPER_MAX_DEVICE_SPLITS = 10**6
 
 @dataclass
 class PlannerConfig:
-    """Knobs of Algorithms 1 and 2."""
+    """Knobs of Algorithms 1 and 2. The defaults are the project's improved search (module docstring);
+    :meth:`paper` gives the search as published."""
 
     beam_size: int = 1  # AlpaServe Alg. 1: k (beam size)
     fast: bool = True  # the fast variant of Alg. 1: simulate once per placed replica (§4.2)
