@@ -169,9 +169,12 @@ class LatencyModel:
 
     def __call__(self, decision: BatchDecision) -> float:
         bins = decision.bins()
-        width = max(sum(r.length_tokens for r in b) for b in bins)
+        return self.rows_s(len(bins), max(sum(r.length_tokens for r in b) for b in bins))
+
+    def rows_s(self, rows: int, width: int) -> float:
+        """Seconds of one pass over `rows` rows of `width` tokens (the measured width at or above it)."""
         key = min((w for w in self.seconds_per_token if w >= width), default=max(self.seconds_per_token))
-        return self.seconds_per_token[key] * len(bins) * width
+        return self.seconds_per_token[key] * rows * width
 
 
 def measure_latency_model(encoder, repeats: int, granularity_tokens: int) -> LatencyModel:

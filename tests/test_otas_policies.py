@@ -274,3 +274,22 @@ def test_paper_single_label_dp_returns_the_hand_solved_paper_optimum():
     assert paper.gammas[2] is None and slow in paper.gammas  # C left out after a slow prefix
     exact = allocate_dp(batches, 0.0, params.gamma_list, lambda batch, gamma: table[gamma], None)
     assert exact.expected_utility == pytest.approx(3.0) and exact.gammas == [fast, fast, fast]
+
+
+def test_simulation_grades_with_the_given_grader_instead_of_the_profile():
+    """Held-out grading: correctness comes from the grader (here: only gamma 0 answers right), not the profile."""
+    profile = make_profile(0)
+    types = [QueryType("easy", 0.5, 1.0)]
+    trace = fluctuating_poisson_trace([0.3 * profile.throughput_rps(0, 8)] * 2, types, seed=3)
+    seen = []
+
+    def grade(query, task_id, gamma):
+        seen.append(gamma)
+        return gamma == 0
+
+    for gamma in (0, -8):
+        scheduler = OtasScheduler(FixedGammaAllocator(profile, gamma), AdaptiveBatchingParams(epsilon=8, delta_s=0.05, eta_s=0.05))
+        result = simulate(trace, scheduler, profile, grade)
+        counts = result.ledger.counts
+        assert counts["correct" if gamma == 0 else "wrong"] == len(trace) - counts["late"] - counts["evicted"] > 0
+    assert set(seen) == {0, -8}
