@@ -329,6 +329,9 @@ TCB_PAPER = {"utility_vs_tnb": 2.20, "utility_vs_ttb": 1.29, "throughput_vs_naiv
 TCB_SATURATED_RATE_MULTIPLES = (1.25, 1.5, 2.0)
 #: Seed of the replayed traces (the latency model is measured on generated full batches, not on these requests).
 TCB_TRACE_SEED = 17
+#: Repeats of each width of the latency model, at least (the TNB/TTB comparison hinges on the per-token cost of
+#: narrow vs full rows, which a shared machine's noise moves by 10-20 % at 5 repeats).
+TCB_LATENCY_REPEATS = 11
 
 
 def tcb_claims(quick: bool) -> dict:
@@ -355,7 +358,7 @@ def tcb_claims(quick: bool) -> dict:
     log.info("tcb: FCFS engine throughput on the real MiniLM, %d requests, variance %d", num_requests, variance)
     timings = engine_throughput(encoder, token_ids, repeats)
     log.info("tcb: latency model on generated full batches")
-    latency = measure_latency_model(encoder, repeats, granularity)
+    latency = measure_latency_model(encoder, max(repeats, TCB_LATENCY_REPEATS), granularity)
 
     def padded(split: Callable[[Sequence[int], int], list[list[int]]]) -> Callable:
         """The DAS batch executed padded, one request per row, in the batches `split` cuts it into."""
