@@ -77,7 +77,7 @@ ALPASERVE_MODELS_QUICK, ALPASERVE_DEVICES_QUICK = 8, 8
 ALPASERVE_MODELS_FULL, ALPASERVE_DEVICES_FULL = 16, 16
 #: Default setting each measure varies one factor of (Fig. 12): total req/s per device, CV, SLO scale.
 ALPASERVE_RATE_PER_DEVICE, ALPASERVE_CV, ALPASERVE_SLO_SCALE = 0.25, 2.0, 5.0
-#: MAF-shaped traffic: window (AlpaServe §6.1 fits MAF per 60 s... here per window), power-law popularity exponent
+#: MAF-shaped traffic: window (AlpaServe §6.1 fits a Gamma process per window of MAF), power-law popularity exponent
 #: (§6.3), log-normal drift of each model's rate per window, windows of traffic (quick / full).
 MAF_WINDOW_S, MAF_POPULARITY_EXPONENT, MAF_RATE_DRIFT_SIGMA = 60.0, 0.5, 0.5
 MAF_WINDOWS_QUICK, MAF_WINDOWS_FULL = 10, 30
