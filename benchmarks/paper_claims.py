@@ -46,7 +46,6 @@ import logging
 import random
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -108,7 +107,7 @@ def _alpaserve_attainment(system: str, config: PlannerConfig, names, profiles, d
                           windows: int, min_requests: int) -> float:
     """Plan `system` ('ours' or 'sr') on the planning realisation of `setting`; SLO attainment on the held-out one."""
     latency = [profiles.models[n].single_device_latency() for n in names]
-    slo = [setting["slo_scale"] * l for l in latency]
+    slo = [setting["slo_scale"] * seconds for seconds in latency]
     rate = setting["rate"] * devices * ALPASERVE_RATE_PER_DEVICE
     windows = max(windows, int(np.ceil(min_requests / (rate * MAF_WINDOW_S))))
 
@@ -337,10 +336,21 @@ TCB_LATENCY_REPEATS = 11
 def tcb_claims(quick: bool) -> dict:
     import torch
 
-    from benchmarks.concat_batching import (MEAN_TOKENS, NUM_ROWS, PADDED_BATCH_SIZE, ROW_LENGTH_TOKENS,
-                                            SLO_IN_BATCH_LATENCIES, SLOT_GRANULARITY_TOKENS,
-                                            TRACE_IN_BATCH_LATENCIES, VARIANCES, clipped_normal_lengths,
-                                            engine_throughput, make_token_ids, measure_latency_model, poisson_trace)
+    from benchmarks.concat_batching import (
+        MEAN_TOKENS,
+        NUM_ROWS,
+        PADDED_BATCH_SIZE,
+        ROW_LENGTH_TOKENS,
+        SLO_IN_BATCH_LATENCIES,
+        SLOT_GRANULARITY_TOKENS,
+        TRACE_IN_BATCH_LATENCIES,
+        VARIANCES,
+        clipped_normal_lengths,
+        engine_throughput,
+        make_token_ids,
+        measure_latency_model,
+        poisson_trace,
+    )
     from models.batching_baselines import naive_batches, sorted_dp_batches
     from models.text_encoder import load_text_encoder
     from placement.tcb.batch_scheduler import BatchingParams, make_batch_scheduler

@@ -46,8 +46,14 @@ from placement.otas.adaptive_batching import AdaptiveBatchingParams
 from placement.otas.baselines import FixedGammaAllocator, ModelSwitchingAllocator
 from placement.otas.profile import OtasProfile
 from placement.otas.replica_scheduler import OUTCOMES, OtasScheduler
-from placement.otas.simulation import (Grader, QueryType, bursty_rates, fluctuating_poisson_trace, fluctuating_rates,
-                                       simulate)
+from placement.otas.simulation import (
+    Grader,
+    QueryType,
+    bursty_rates,
+    fluctuating_poisson_trace,
+    fluctuating_rates,
+    simulate,
+)
 from placement.otas.token_allocation import OtasTokenAllocator, TokenAllocationParams
 
 PAPER_TIGHT_SLO_S = 0.6  # OTAS Table II
