@@ -44,6 +44,7 @@ import torch
 from ray import serve
 from ray.util import get_current_placement_group
 
+from models.device import device_reservation
 from models.task_registry import artifacts_config
 from models.text_encoder import TextTokenizer, load_text_tokenizer
 from models.vit import check_image_batch
@@ -157,10 +158,12 @@ class GroupReplica:
         if self.placement_group is not None:
             # Bundle 0 is the replica's own; stage s shard r runs on the device bundle 1 + s * degree + r.
             bundle_indices = [1 + k for k in range(plan.num_actors)]
+        # Each stage actor takes its model's share of its device bundle: num_gpus on GPUs, the logical resource on CPUs.
+        reservation = device_reservation(self.device_resource, 1.0 / MAX_MODELS_PER_GROUP)
         runtime = ModelParallelGroup(
             source, plan, placement_group=self.placement_group, bundle_indices=bundle_indices, num_cpus_per_actor=0.0,
             num_threads_per_actor=self._threads_per_device(),
-            actor_resources={self.device_resource: 1.0 / MAX_MODELS_PER_GROUP} if self.device_resource != "CPU" else None,
+            actor_resources=reservation.get("resources"), num_gpus_per_actor=reservation.get("num_gpus", 0.0),
         )
         logger.info("group %s: started %s (%s)", self.group_name, spec.name, self.config.key())
         hosted = HostedModel(spec=spec, runtime=runtime, tokenizer=tokenizer, plan_origin=plan_origin)
