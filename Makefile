@@ -23,5 +23,7 @@ serve: install
 	@echo "  dashboard: http://127.0.0.1:8265"
 	$(VENV)/bin/serve run configs/local.yaml
 
+# ruff first (configuration in pyproject.toml): a lint error fails in seconds, before the slow tests.
 test: install
+	$(VENV)/bin/ruff check .
 	RAY_AUTH_MODE=disabled $(VENV)/bin/pytest -q

@@ -70,7 +70,7 @@ def run_point(model_set, s: dict, duration_s: float, window_s: float) -> dict:
     latency = [profiles.models[n].single_device_latency() for n in names]
 
     def traffic(seed: int):
-        return gamma_workload(names, s["rate"], s["cv"], [s["slo_scale"] * l for l in latency], duration_s,
+        return gamma_workload(names, s["rate"], s["cv"], [s["slo_scale"] * lat for lat in latency], duration_s,
                               POPULARITY_EXPONENT, seed)
 
     planning, held_out = traffic(PLAN_SEED), traffic(EVAL_SEED)

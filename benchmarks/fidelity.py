@@ -118,7 +118,7 @@ async def measure_step_s(spec: dict, load_s: float) -> float:
     from placement.core.deployment_spec import parse_spec
     from placement.core.placement_plan import Placement
     from rayserve_apps.app import INGRESS_DEPLOYMENT, group_deployment_name
-    from rayserve_apps.live_update import apply_overrides, layout_overrides
+    from rayserve_apps.control.live_update import apply_overrides, layout_overrides
 
     parsed = parse_spec(spec)
     ingress = serve.get_deployment_handle(INGRESS_DEPLOYMENT, app_name="plexserve")
@@ -164,7 +164,7 @@ def one_device_group(models: list[str]) -> dict:
 
 def deploy(spec: dict, http_options: dict) -> None:
     from placement.core.deployment_spec import parse_spec
-    from rayserve_apps.live_update import application_config, apply_config
+    from rayserve_apps.control.live_update import application_config, apply_config
 
     apply_config([application_config(parse_spec(spec))], http_options)
 
@@ -516,9 +516,8 @@ async def controller_trace(handle, controller, profiles, transition, overhead_s:
 async def run(args) -> dict:
     from ray import serve
 
-    from placement.core.transition_costs import TransitionModel
-
     from placement.alpaserve.planner import PlannerConfig, plan
+    from placement.core.transition_costs import TransitionModel
 
     http_options = {"host": "127.0.0.1", "port": free_port()}
     serve.start(http_options=http_options)
@@ -610,7 +609,7 @@ def main() -> None:
     import ray
     from ray import serve
 
-    ray.init(num_cpus=RAY_NUM_CPUS, resources={DEVICE_RESOURCE: NUM_DEVICES}, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=RAY_NUM_CPUS, resources={DEVICE_RESOURCE: NUM_DEVICES}, include_dashboard=False, log_to_driver=False)
     try:
         figures = asyncio.run(run(args))
     finally:

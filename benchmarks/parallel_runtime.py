@@ -188,8 +188,9 @@ def plot(figures: dict) -> Path:
     for ax, (name, results) in zip(axes[0], figures.items()):
         labels = list(CONFIGS)
         x = range(len(labels))
-        ax.bar([i - 0.2 for i in x], [results[l]["throughput_rps"] for l in labels], width=0.4, label="measured")
-        ax.bar([i + 0.2 for i in x], [results[l]["predicted_throughput_rps"] for l in labels], width=0.4, label="predicted")
+        ax.bar([i - 0.2 for i in x], [results[k]["throughput_rps"] for k in labels], width=0.4, label="measured")
+        ax.bar([i + 0.2 for i in x], [results[k]["predicted_throughput_rps"] for k in labels], width=0.4,
+               label="predicted")
         ax.set_xticks(list(x), labels)
         ax.set_ylabel("requests / s (batch 1)")
         ax.set_title(name)
@@ -211,7 +212,7 @@ def main() -> None:
     torch.set_num_threads(1)
     scaling_before = two_process_cpu_scaling()
     log.info("2 processes vs 1 on this machine now: %.2fx aggregate matmul throughput", scaling_before)
-    ray.init(num_cpus=RAY_NUM_CPUS, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=RAY_NUM_CPUS, include_dashboard=False, log_to_driver=False)
     figures: dict = {}
     try:
         log.info("profiling sends and 2-way collectives between actors")

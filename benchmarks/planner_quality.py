@@ -30,8 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import emit_json, machine_description, make_parser, out_dir, setup_logging  # noqa: E402
 from placement.alpaserve.baselines import selective_replication  # noqa: E402
-from placement.alpaserve.paper_profiles import (V100_WEIGHT_BUDGET_BYTES, alpaserve_test_profiles, replicate_profiles,  # noqa: E402
-                                      table1_profiles)
+from placement.alpaserve.paper_profiles import (  # noqa: E402
+    V100_WEIGHT_BUDGET_BYTES,
+    alpaserve_test_profiles,
+    replicate_profiles,
+    table1_profiles,
+)
 from placement.alpaserve.planner import PlannerConfig, plan  # noqa: E402
 from placement.alpaserve.simulator import simulate  # noqa: E402
 from placement.core.workload import gamma_workload  # noqa: E402

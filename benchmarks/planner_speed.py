@@ -21,11 +21,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._common import emit_json, machine_description, make_parser, out_dir, setup_logging  # noqa: E402
 from placement.alpaserve.baselines import selective_replication  # noqa: E402
 from placement.alpaserve.paper_profiles import (  # noqa: E402
-    V100_WEIGHT_BUDGET_BYTES, replicate_profiles, table1_profiles,
+    V100_WEIGHT_BUDGET_BYTES,
+    replicate_profiles,
+    table1_profiles,
 )
 from placement.alpaserve.planner import PlannerConfig, _Problem, greedy_selection, plan  # noqa: E402
-from placement.core.placement_plan import SearchStats  # noqa: E402
 from placement.alpaserve.simulator import simulate  # noqa: E402
+from placement.core.placement_plan import SearchStats  # noqa: E402
 from placement.core.workload import gamma_workload  # noqa: E402
 
 MODELS = ("bert-1.3b", "bert-2.7b", "bert-6.7b", "moe-1.3b", "moe-2.4b", "moe-5.3b")
@@ -43,7 +45,8 @@ def build(instances: int, num_devices: int, duration_s: float, seed: int):
     names = sorted(profiles.models)
     latency = [profiles.models[n].single_device_latency() for n in names]
     rate = TOTAL_RATE_PER_S * num_devices / NUM_DEVICES
-    workload = gamma_workload(names, rate, CV, [SLO_SCALE * l for l in latency], duration_s, POPULARITY_EXPONENT, seed)
+    workload = gamma_workload(names, rate, CV, [SLO_SCALE * lat for lat in latency], duration_s, POPULARITY_EXPONENT,
+                              seed)
     return names, profiles, workload
 
 

@@ -32,10 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import emit_json, make_parser, out_dir, setup_logging  # noqa: E402
 from placement.arlo.paper_profiles import dynamic_latency_s, paper_runtime_profiles  # noqa: E402
-from placement.arlo.runtimes import RuntimeProfile, RuntimeProfileSet, choose_runtime_lengths  # noqa: E402
 from placement.arlo.request_scheduler import ArloDispatch  # noqa: E402
-from placement.arlo.simulation import SCHEMES, simulate  # noqa: E402
 from placement.arlo.runtime_allocation import allocation_lower_bounds, solve_allocation  # noqa: E402
+from placement.arlo.runtimes import RuntimeProfile, RuntimeProfileSet, choose_runtime_lengths  # noqa: E402
+from placement.arlo.simulation import SCHEMES, simulate  # noqa: E402
 from placement.core.arrivals import MarkovModulatedProcess, PoissonProcess  # noqa: E402
 
 log = setup_logging("polymorphing")
@@ -78,22 +78,10 @@ def make_trace(kind: str, rate: float, duration_s: float, max_tokens: int, seed:
 def simulated_comparison(args) -> dict:
     model = "bert-base"
     profiles = paper_runtime_profiles(model)
-    longest = profiles.runtimes[-1]
-    st_capacity = PAPER_DEVICES / (longest.batch_latency(1) + 0.8e-3)
     duration = 30.0 if args.quick else 240.0
     period = 20.0 if args.quick else 120.0
     dt_latency = lambda length: dynamic_latency_s(model, length)  # noqa: E731
-    chosen_rate = None
-    for fraction in LOAD_FRACTIONS_OF_ST_CAPACITY:
-        rate = fraction * st_capacity
-        arrivals, lengths = make_trace("bursty", rate, duration, 512, seed=1)
-        st = simulate("st", profiles, arrivals, lengths, PAPER_DEVICES)
-        log.info("ST at %.0f req/s (%.2f of capacity): SLO attainment %.3f", rate, fraction, st.slo_attainment)
-        if st.slo_attainment >= ST_ATTAINMENT_TARGET:
-            chosen_rate = rate
-            break
-    if chosen_rate is None:
-        chosen_rate = LOAD_FRACTIONS_OF_ST_CAPACITY[-1] * st_capacity
+    chosen_rate = st_sustained_rate(profiles, duration)
     results: dict = {"model": f"{model} (paper-shaped reproduction profiles)", "devices": PAPER_DEVICES,
                      "rate_req_per_s": round(chosen_rate), "duration_s": duration, "period_s": period, "traces": {}}
     curves = {}
@@ -112,6 +100,20 @@ def simulated_comparison(args) -> dict:
         results["traces"][kind] = per_scheme
     _plot(curves, profiles.runtimes[0].slo_s)
     return results
+
+
+def st_sustained_rate(profiles: RuntimeProfileSet, duration_s: float, devices: int = PAPER_DEVICES) -> float:
+    """The highest of LOAD_FRACTIONS_OF_ST_CAPACITY x ST's capacity at which ST still meets its SLO for
+    ST_ATTAINMENT_TARGET of the bursty trace (seed 1); the lowest fraction if none does."""
+    st_capacity = devices / (profiles.runtimes[-1].batch_latency(1) + 0.8e-3)
+    for fraction in LOAD_FRACTIONS_OF_ST_CAPACITY:
+        rate = fraction * st_capacity
+        arrivals, lengths = make_trace("bursty", rate, duration_s, 512, seed=1)
+        st = simulate("st", profiles, arrivals, lengths, devices)
+        log.info("ST at %.0f req/s (%.2f of capacity): SLO attainment %.3f", rate, fraction, st.slo_attainment)
+        if st.slo_attainment >= ST_ATTAINMENT_TARGET:
+            return rate
+    return LOAD_FRACTIONS_OF_ST_CAPACITY[-1] * st_capacity
 
 
 def dispatch_under_load(args) -> dict:
@@ -210,11 +212,15 @@ def dispatch_throughput(args) -> dict:
 def real_minilm_run(args) -> dict:
     import torch
 
-    from models.text_encoder import load_text_encoder
     from models.runtimes.length_staircase import measure_runtime_latencies, measure_staircase
     from models.runtimes.static_runtime import (
-        DynamicRuntime, StaticRuntime, compare_backends, fastest_exact_backend, time_call,
+        DynamicRuntime,
+        StaticRuntime,
+        compare_backends,
+        fastest_exact_backend,
+        time_call,
     )
+    from models.text_encoder import load_text_encoder
 
     torch.set_num_threads(1)
     encoder = load_text_encoder()
@@ -228,7 +234,7 @@ def real_minilm_run(args) -> dict:
     staircase = measure_staircase(encoder, list(range(step, max_tokens + 1, step)), backend=backend, repeats=5, clock=clock)
     runtime_lengths = choose_runtime_lengths(staircase.lengths_tokens, staircase.latencies_s, max_runtimes=4)
     log.info("MiniLM staircase (%s): %s -> runtimes %s", backend,
-             [f"{l}:{s * 1e3:.1f}ms" for l, s in zip(staircase.lengths_tokens, staircase.latencies_s)], runtime_lengths)
+             [f"{n}:{s * 1e3:.1f}ms" for n, s in zip(staircase.lengths_tokens, staircase.latencies_s)], runtime_lengths)
     slo_s = 0.2
     profiles = RuntimeProfileSet(model="all-minilm-l6-v2", source="measured:this-machine-cpu", runtimes=[
         RuntimeProfile(max_length_tokens=length, batch_latency_s=measure_runtime_latencies(encoder, length, [1], backend, 3, clock),
@@ -254,7 +260,7 @@ def real_minilm_run(args) -> dict:
         "backends": {c.backend: {"latency_ms": c.latency_s * 1e3, "build_s": c.build_s, "max_abs_diff": c.max_abs_diff}
                      for c in comparison},
         "backend_used": backend,
-        "staircase_ms": {l: s * 1e3 for l, s in zip(staircase.lengths_tokens, staircase.latencies_s)},
+        "staircase_ms": {n: s * 1e3 for n, s in zip(staircase.lengths_tokens, staircase.latencies_s)},
         "runtime_lengths": runtime_lengths,
         "capacity_within_slo": {r.max_length_tokens: r.capacity_requests for r in profiles.runtimes},
         "requests_per_ideal_runtime": ideal,

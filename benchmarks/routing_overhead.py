@@ -2,7 +2,7 @@
 
 Two copies of an echo deployment (the smallest possible model) run side by side on one local Ray, each with two
 replicas hosting the same model name: one routed by Ray Serve's default router (power of two choices), one by
-`rayserve_apps.model_router.ModelAwareRouter`. Rounds alternate A/B/A/B so both see the same machine; each
+`rayserve_apps.routers.model_aware.ModelAwareRouter`. Rounds alternate A/B/A/B so both see the same machine; each
 round sends a fixed number of requests through a `DeploymentHandle` with a bounded number in flight.
 
 Final JSON line: `router_overhead_ratio` = default router requests/s / plexserve router requests/s (median
@@ -28,7 +28,8 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 
 from benchmarks._common import emit_json, machine_description, make_parser, setup_logging
-from rayserve_apps.model_router import ModelAwareRouter
+from rayserve_apps.contracts import STATS_MODELS, STATS_QUEUE_LENGTH
+from rayserve_apps.routers.model_aware import ModelAwareRouter
 
 MODEL = "echo-model"
 #: Requests in flight at once per round.
@@ -45,7 +46,7 @@ class Echo:
         return payload
 
     def record_routing_stats(self) -> dict:
-        return {"models": [MODEL], "queue_length": 0}
+        return {STATS_MODELS: [MODEL], STATS_QUEUE_LENGTH: 0}
 
 
 async def one_round(handle, num_requests: int) -> float:
@@ -65,7 +66,7 @@ def main() -> None:
     args = make_parser(__doc__).parse_args()
     log = setup_logging("routing_overhead")
     rounds, per_round = (4, 300) if args.quick else (10, 2000)
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": 0})
     try:
         default = serve.run(Echo.options(name="echo-default", num_replicas=NUM_REPLICAS).bind(),

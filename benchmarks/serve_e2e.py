@@ -325,7 +325,7 @@ def main() -> None:
 
     spec = plexserve_args(args.config)
     slo_ms = next(m["slo_ms"] for m in spec["models"] if m["name"] == PLEXSERVE_MODEL)
-    ray.init(num_cpus=RAY_NUM_CPUS, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=RAY_NUM_CPUS, include_dashboard=False, log_to_driver=False)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     base = f"http://127.0.0.1:{port}"

@@ -23,11 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 
 from benchmarks._common import emit_json, machine_description, make_parser, out_dir, setup_logging  # noqa: E402
+from placement.alpaserve import simulator as sim  # noqa: E402
 from placement.alpaserve.batching import MaxBatchWithinSLO  # noqa: E402
 from placement.alpaserve.paper_profiles import replicate_profiles, table1_profiles  # noqa: E402
 from placement.core.placement_plan import GroupPlacement, Placement  # noqa: E402
 from placement.core.profiles import ParallelConfig  # noqa: E402
-from placement.alpaserve import simulator as sim  # noqa: E402
 from placement.core.workload import gamma_workload  # noqa: E402
 
 MODELS = ("bert-1.3b", "bert-2.7b", "bert-6.7b", "moe-1.3b", "moe-2.4b", "moe-5.3b")
@@ -51,7 +51,7 @@ def build_case(num_requests: int):
                                                  models=sorted(set(g))) for g in groups])
     latency = [profiles.models[n].single_device_latency() for n in names]
     duration = num_requests / TOTAL_RATE_PER_S
-    workload = gamma_workload(names, TOTAL_RATE_PER_S, CV, [SLO_SCALE * l for l in latency], duration,
+    workload = gamma_workload(names, TOTAL_RATE_PER_S, CV, [SLO_SCALE * lat for lat in latency], duration,
                               POPULARITY_EXPONENT, seed=0)
     return placement, profiles, workload
 

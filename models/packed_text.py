@@ -21,7 +21,14 @@ import torch
 from models.layers import ActivationState, run_layers
 from models.text_encoder import TextEncoder
 from ops.concat_attention import MaskKind, block_diagonal_mask, mask_kind_for
-from ops.packing import PackedBatch, first_fit_decreasing, pack_requests, pooled_embeddings, slots_per_row, unpack_token_states
+from ops.packing import (
+    PackedBatch,
+    first_fit_decreasing,
+    pack_requests,
+    pooled_embeddings,
+    slots_per_row,
+    unpack_token_states,
+)
 
 
 @dataclass

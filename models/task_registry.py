@@ -60,6 +60,14 @@ class Query:
         return self.arrival_s + self.slo_s
 
 
+def artifacts_config(directory: str | Path) -> AdaptiveVitConfig:
+    """The backbone architecture saved in an artefacts directory written by `TaskRegistry.save`."""
+    path = Path(directory) / CONFIG_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist: train with `python -m models.train_adaptive_vit`")
+    return AdaptiveVitConfig(**json.loads(path.read_text())["architecture"])
+
+
 class TaskRegistry:
     """Registered tasks over one adaptive ViT; validates queries and runs mixed-task batches at a chosen gamma."""
 
@@ -145,7 +153,11 @@ class TaskRegistry:
         if gamma not in self.gamma_list:
             raise ValueError(f"gamma {gamma} is not in the configured gamma list {self.gamma_list}")
         prompts = self.batch_prompts(task_ids, gamma)
-        features = self.model.pooled_features(images.float(), gamma, prompts)
+        return self.task_logits(self.model.pooled_features(images.float(), gamma, prompts), task_ids, gamma)
+
+    @torch.inference_mode()
+    def task_logits(self, features: torch.Tensor, task_ids: list[str], gamma: int) -> list[torch.Tensor]:
+        """Each sample's logits from its own task's head for `gamma`, given the backbone's pooled features [B, C]."""
         out: list[torch.Tensor | None] = [None] * len(task_ids)
         for task_id in set(task_ids):
             rows = [i for i, t in enumerate(task_ids) if t == task_id]
@@ -180,10 +192,8 @@ class TaskRegistry:
     def load(cls, directory: str | Path) -> "TaskRegistry":
         """Load a backbone and its registered tasks saved by `save` (e.g. models/artifacts/digits_vit)."""
         directory = Path(directory)
-        if not (directory / CONFIG_FILE).exists():
-            raise FileNotFoundError(f"{directory / CONFIG_FILE} does not exist: train with `python -m models.train_adaptive_vit`")
+        config = artifacts_config(directory)
         meta = json.loads((directory / CONFIG_FILE).read_text())
-        config = AdaptiveVitConfig(**meta["architecture"])
         registry = cls(load_backbone(directory / BACKBONE_FILE, config), config, meta["gamma_list"])
         tasks = torch.load(directory / TASKS_FILE, map_location="cpu", weights_only=True)
         for task_id, saved in tasks.items():

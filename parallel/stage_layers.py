@@ -11,15 +11,27 @@ from __future__ import annotations
 
 import copy
 import gc
+import threading
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from models.layers import ActivationState, Layer
-from parallel.tensor_parallel import (BlockShardingPlan, Collectives, TensorParallelBlock, TensorParallelBlockLayer,
-                                      bert_block_parts, vit_block_parts)
+from models.adaptive_vit_layers import AdaptiveBlockLayer, load_adaptive_backbone
+from models.layers import ActivationState, Layer, run_layers
+from parallel.tensor_parallel import (
+    BlockShardingPlan,
+    Collectives,
+    TensorParallelBlock,
+    TensorParallelBlockLayer,
+    ThreadCollectives,
+    bert_block_parts,
+    vit_block_parts,
+)
+
+if TYPE_CHECKING:
+    from parallel.plan import ParallelPlan
 
 
 class ModelSource(BaseModel):
@@ -36,6 +48,9 @@ class ModelSource(BaseModel):
     allow_random_init: bool = Field(default=False, description="Vision only: random weights (code-path tests only).")
     timm_kwargs: dict[str, int | float | str | bool] = Field(
         default_factory=dict, description="Vision only: extra timm.create_model arguments, e.g. depth, num_heads.")
+    adaptive_artifacts: str | None = Field(
+        default=None, description="Vision only: a token-adaptation (OTAS) artefacts directory; the stages then run its "
+        "adaptive ViT backbone at each batch's gamma (models/adaptive_vit_layers.py) instead of `source`.")
 
 
 def load_model(source: ModelSource):
@@ -44,6 +59,8 @@ def load_model(source: ModelSource):
         from models.text_encoder import load_text_encoder
 
         return load_text_encoder(source.source, name=source.name)
+    if source.adaptive_artifacts is not None:
+        return load_adaptive_backbone(source.adaptive_artifacts, source.name)
     from models.vit import load_vit
 
     return load_vit(source.source, checkpoint_path=source.checkpoint_path, num_classes=source.num_classes,
@@ -77,15 +94,15 @@ def standalone_layers(model) -> list[Layer]:
     layers = model.layers()
     if getattr(model, "kind", None) != "vision":
         return layers
-    from models.vit import VitEmbeddingsLayer, VitHeadLayer
+    from models.vit import VitEmbeddingsLayer
 
     vit = model.model
     result: list[Layer] = []
     for layer in layers:
         if layer.kind == "embeddings":
             result.append(VitEmbeddingsLayer(_strip_vit(vit, VIT_EMBEDDING_MODULES, VIT_EMBEDDING_PARAMETERS)))
-        elif layer.kind == "head":
-            result.append(VitHeadLayer(_strip_vit(vit, VIT_HEAD_MODULES, set())))
+        elif layer.kind == "head":  # the classifier head, or the adaptive ViT's pooled features
+            result.append(type(layer)(_strip_vit(vit, VIT_HEAD_MODULES, set())))
         else:
             result.append(layer)
     return result
@@ -95,6 +112,9 @@ def shard_block_layer(layer: Layer, kind: str, plan: BlockShardingPlan, collecti
     """This shard's part of one block layer; the layer itself when nothing is split."""
     if collectives.degree == 1 or plan.is_replicated():
         return layer
+    if isinstance(layer, AdaptiveBlockLayer):
+        raise ValueError("the adaptive ViT's blocks (token merging, prompts) are not split by tensor parallelism: "
+                         "a token-adaptation model needs intra_op_degree 1 in its group")
     parts = bert_block_parts(layer.block) if kind == "text" else vit_block_parts(layer.block)
     return TensorParallelBlockLayer(TensorParallelBlock(parts, plan, collectives), uses_attention_bias=kind == "text")
 
@@ -126,6 +146,28 @@ def build_stage_layers(model, start: int, end: int, collectives: Collectives,
     del layers
     gc.collect()
     return StageSlice(layers=stage, weight_bytes=weight_bytes)
+
+
+def run_plan_in_process(model, plan: "ParallelPlan", state: ActivationState) -> ActivationState:
+    """Run `plan` in one process, stage after stage, each stage's shards on threads (checks without Ray)."""
+    import torch
+
+    for stage in plan.stages:
+        group = ThreadCollectives.group(plan.intra_op_degree)
+        outputs: list = [None] * plan.intra_op_degree
+
+        def shard(rank: int, stage=stage, group=group, outputs=outputs, state=state) -> None:
+            with torch.inference_mode():
+                sliced = build_stage_layers(model, stage.start_layer, stage.end_layer, group[rank], stage.block_plans())
+                outputs[rank] = run_layers(sliced.layers, state)
+
+        threads = [threading.Thread(target=shard, args=(rank,)) for rank in range(plan.intra_op_degree)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        state = outputs[0]
+    return state
 
 
 def _unique_parameter_bytes(module: nn.Module) -> int:

@@ -39,8 +39,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from placement.alpaserve.plan_spec import simulator_config
-    from placement.core.placement_plan import Placement
     from placement.alpaserve.simulator import simulate
+    from placement.core.placement_plan import Placement
     spec, profiles, names, workload = _prepare(args.spec)
     placement = Placement.load(args.placement)
     placement.check_memory(profiles, spec.cluster.device_memory_bytes)

@@ -1,5 +1,5 @@
-"""Ray Serve glue: the app builder, the ingress, and the model deployments."""
+"""Ray Serve glue: the app builder (`app.py`, `rayserve_apps.app:build_app`), the ingress, the model deployments,
+their routers and the placement controller.
 
-from rayserve_apps.app import APP_NAME, build_app
-
-__all__ = ["APP_NAME", "build_app"]
+Importing the package loads nothing else: `import rayserve_apps.metrics` pulls in neither the app nor torch.
+"""

@@ -3,9 +3,9 @@
 `serve run configs/local.yaml` imports `rayserve_apps.app:build_app` and passes the application's `args` (a
 deployment spec) to it. The builder validates the spec (a bad field fails before anything is deployed, with
 the field named) and binds, behind one ingress:
-- with a placement in the spec: one group deployment per device group (`group-<i>`, `group_deployment.py`),
+- with a placement in the spec: one group deployment per device group (`group-<i>`, `replicas/group.py`),
   whose replica reserves the group's devices as a placement group and runs the hosted models model-parallel;
-  before anything is deployed the placement is checked against the cluster's nodes (`cluster_fit.py`);
+  before anything is deployed the placement is checked against the cluster's nodes (`control/cluster_fit.py`);
 - without one: one replicated single-device deployment per model (`model-<name>`).
 """
 
@@ -17,101 +17,66 @@ from typing import Any
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
-from placement.core.placement_plan import GroupPlacement
-from placement.alpaserve.placement_rollout import SlotLayout
-from placement.core.deployment_spec import DeploymentSpec, ModelSpec, parse_spec
-from rayserve_apps.cluster_fit import check_placement_fits
-from rayserve_apps.group_deployment import GroupReplica, group_bundles
-from rayserve_apps.ingress import Ingress
-from rayserve_apps.model_router import ModelAwareRouter
+from models.device import CPU_RESOURCE, device_reservation
 from models.text_encoder import load_text_tokenizer
-from rayserve_apps.polymorph_runtime_deployment import bind_polymorph_model, polymorphing_params
+from placement.alpaserve.deployment_planning import plan_deployment
+from placement.core.deployment_spec import DeploymentSpec, ModelSpec, parse_spec
+from placement.core.placement_plan import GroupPlacement
+from rayserve_apps.contracts import (
+    CONTROLLER_DEPLOYMENT,
+    GROUP_REPLICA_NUM_CPUS,
+    PolymorphAssignmentParams,
+    PolymorphingPolicyParams,
+    PolymorphRuntimeParams,
+    allocation_update,
+    group_bundles_for,
+    group_deployment_name,
+    group_max_ongoing_requests,
+    group_max_queued_requests,
+    group_user_config,
+    ingress_user_config,
+    initial_layout,
+    model_deployment_name,
+    polymorphing_params,
+    vision_max_ongoing_requests,
+)
+from rayserve_apps.control.cluster_fit import check_placement_fits
+from rayserve_apps.control.controller import PlacementController
 from rayserve_apps.engine import batching_scheduler_for
-from rayserve_apps.text_deployment import TextModelDeployment
-from rayserve_apps.vision_deployment import VisionModelDeployment
+from rayserve_apps.ingress.deployment import Ingress
+from rayserve_apps.replicas.group import GroupReplica
+from rayserve_apps.replicas.polymorph import PolymorphRuntimeDeployment
+from rayserve_apps.replicas.text import TextModelDeployment
+from rayserve_apps.replicas.vision import VisionModelDeployment
+from rayserve_apps.routers.model_aware import ModelAwareRouter
+from rayserve_apps.routers.polymorph import PolymorphRouter
 
 logger = logging.getLogger(__name__)
 
-#: The application name used by configs and by `serve.get_app_handle`.
-APP_NAME = "plexserve"
-#: Deployment name of the ingress and of the placement controller.
-INGRESS_DEPLOYMENT = "Ingress"
-CONTROLLER_DEPLOYMENT = "PlacementController"
+#: Ray Serve settings of every plexserve replica (the ones Serve's own RAY_SERVE_THROUGHPUT_OPTIMIZED mode picks for
+#: a replica): user code runs on the replica's event loop and a handle's router on the caller's loop, which saves
+#: two thread hand-offs per request and per call; plexserve's replicas never block their loop (model work runs in
+#: worker threads or stage actors).
+REPLICA_ENV_VARS = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
 
 
-#: Logical CPUs the group replica itself (bundle 0) reserves; its stage actors run in the device bundles.
-GROUP_REPLICA_NUM_CPUS = 0.1
+def replica_actor_options(num_cpus: float) -> dict[str, Any]:
+    """`ray_actor_options` of a plexserve replica reserving `num_cpus`."""
+    return {"num_cpus": num_cpus, "runtime_env": {"env_vars": dict(REPLICA_ENV_VARS)}}
+
+
+def model_actor_options(model: ModelSpec, device_resource: str) -> dict[str, Any]:
+    """`ray_actor_options` of a single-model replica: its CPUs and, on a GPU cluster, its share of a GPU
+    (`models.device.device_reservation`; CPU-only clusters reserve no device, as before)."""
+    return {**replica_actor_options(model.num_cpus_per_replica),
+            **device_reservation(device_resource, model.device_share_per_replica, logical=False)}
+
 #: Seconds between a group replica's routing-stats reports (hosted models, queue length) to the router.
 ROUTING_STATS_PERIOD_S = 1.0
 #: Seconds Serve waits for a stopping group replica's in-flight requests (a group stopped by a re-placement).
 GROUP_GRACEFUL_SHUTDOWN_TIMEOUT_S = 60.0
-
-
-def model_deployment_name(model: str) -> str:
-    return f"model-{model}"
-
-
-def group_deployment_name(index: int) -> str:
-    return f"group-{index}"
-
-
-def num_group_slots(spec: DeploymentSpec) -> int:
-    """Group deployments of the application: one per group, or with the controller a fixed number of slots, so that
-    a re-placement changes slots (restarting only those) and never the application's shape."""
-    if spec.placement is None:
-        return 0
-    groups = len(spec.placement.groups)
-    if not spec.controller_enabled():
-        return groups
-    return max(groups, spec.controller.group_slots or spec.cluster.num_devices)  # type: ignore[union-attr]
-
-
-def initial_layout(spec: DeploymentSpec) -> SlotLayout:
-    return SlotLayout.from_placement(spec.placement, num_group_slots(spec))
-
-
-def group_user_config(spec: DeploymentSpec, group: GroupPlacement | None, version: int) -> dict[str, Any]:
-    """The part of a group slot that changes in place: its parallel configuration and hosted models."""
-    if group is None:
-        return {"num_devices": 0, "config": None, "models": [], "placement_version": version}
-    batching = {name: policy.model_dump(mode="json") for name in group.models
-                if (policy := spec.policy("batching", name)) is not None}
-    return {"num_devices": group.num_devices, "config": group.config.model_dump(),
-            "models": [spec.model(name).model_dump(mode="json") for name in group.models], "batching": batching,
-            "runtime_lengths_tokens": grouped_runtime_lengths(spec, group.models), "placement_version": version}
-
-
-def grouped_runtime_lengths(spec: DeploymentSpec, models: list[str]) -> dict[str, list[int]]:
-    """Arlo runtime max lengths of the polymorphing models among `models`: in a group their packed rows take the
-    shortest of these that fits (`GroupReplica.embed_token_ids`)."""
-    lengths = {}
-    for name in models:
-        params = polymorphing_params(spec, name)
-        if params is not None:
-            lengths[name] = sorted(params.capacities)
-    return lengths
-
-
-def ingress_user_config(layout: SlotLayout, routes: list[list[str]], version: int) -> dict[str, Any]:
-    """The part of the ingress that changes in place: the slots' groups and where it may route each model."""
-    return {"layout": layout.model_dump(mode="json"), "routes": routes, "placement_version": version}
-
-
-def group_bundles_for(spec: DeploymentSpec, group: GroupPlacement | None) -> list[dict[str, float]]:
-    """Placement-group bundles of a slot's replica: the replica, then one per device (an empty slot: the replica)."""
-    if group is None:
-        return group_bundles(0, spec.cluster.device_resource, GROUP_REPLICA_NUM_CPUS, 0.0)
-    # The same for every slot of a shape, so that rehosting models never changes a slot's bundles (a restart).
-    grouped = spec.placement.models() if spec.placement is not None else set(group.models)
-    num_cpus_per_device = max(spec.model(name).num_cpus_per_replica for name in grouped | set(group.models))
-    return group_bundles(group.num_devices, spec.cluster.device_resource, GROUP_REPLICA_NUM_CPUS, num_cpus_per_device)
-
-
-def group_max_queued_requests(spec: DeploymentSpec, group: GroupPlacement | None) -> int:
-    """Requests a slot's deployment queues before refusing (503 overloaded): its models' bounds summed; -1 (no
-    bound) for an empty slot, which is never routed to."""
-    models = group.models if group is not None else []
-    return sum(spec.model(name).max_queued_requests for name in models) if models else -1
+#: Serve's cap on requests in a runtime replica; Arlo's own congestion threshold decides long before it is reached.
+POLYMORPH_MAX_ONGOING_REQUESTS = 64
 
 
 def _bind_group(spec: DeploymentSpec, index: int, group: GroupPlacement | None, version: int) -> Application:
@@ -119,7 +84,8 @@ def _bind_group(spec: DeploymentSpec, index: int, group: GroupPlacement | None, 
         name=group_deployment_name(index),
         num_replicas=1,
         max_queued_requests=group_max_queued_requests(spec, group),
-        ray_actor_options={"num_cpus": GROUP_REPLICA_NUM_CPUS},
+        max_ongoing_requests=group_max_ongoing_requests(spec, group.models if group is not None else []),
+        ray_actor_options=replica_actor_options(GROUP_REPLICA_NUM_CPUS),
         placement_group_bundles=group_bundles_for(spec, group),
         # A group's stages exchange activations every request: keep all its devices on one node.
         placement_group_strategy="STRICT_PACK",
@@ -135,24 +101,59 @@ def _bind_model(spec: DeploymentSpec, model: ModelSpec) -> Application:
     ConcatBatching text replica or the vision replica."""
     name = model_deployment_name(model.name)
     if polymorphing_params(spec, model.name) is not None:
-        return bind_polymorph_model(model, spec.policy("polymorphing", model.name).params, name)  # type: ignore[union-attr]
+        return bind_polymorph_model(model, spec.policy("polymorphing", model.name).params, name,  # type: ignore[union-attr]
+                                    device_resource=spec.cluster.device_resource)
     options = dict(name=name, num_replicas=model.num_replicas, max_queued_requests=model.max_queued_requests,
-                   ray_actor_options={"num_cpus": model.num_cpus_per_replica})
+                   ray_actor_options=model_actor_options(model, spec.cluster.device_resource))
     if model.kind == "text":
         batching = spec.policy("batching", model.name)
         limit = model.max_input_length_tokens or load_text_tokenizer(model.source).max_length
         batching_scheduler_for(model, batching, limit)  # a bad batching parameter fails here, before deploying
         return TextModelDeployment.options(**options).bind(model.model_dump(mode="json"),
                                                            batching.model_dump(mode="json") if batching else None)
-    return VisionModelDeployment.options(**options).bind(model.model_dump(mode="json"))
+    return VisionModelDeployment.options(**options, max_ongoing_requests=vision_max_ongoing_requests(model)).bind(
+        model.model_dump(mode="json"))
+
+
+def bind_polymorph_model(model: ModelSpec, params: dict, deployment_name: str, assignment: dict[int, int] | None = None,
+                         version: int = 0, max_ongoing_requests: int = POLYMORPH_MAX_ONGOING_REQUESTS,
+                         device_resource: str = CPU_RESOURCE) -> Application:
+    """The bound Serve application of one polymorphing text model: its runtime replicas behind `PolymorphRouter`.
+
+    `assignment` (replica rank -> max length, from `allocation_update`) replaces `initial_counts`; re-running
+    `serve.run` with a new assignment and version is the declarative allocation update.
+    """
+    policy = PolymorphingPolicyParams.model_validate(params)
+    policy.autoscaling_params(model.slo_ms)  # a bad autoscaling field fails here, before deploying
+    counts = policy.initial_counts or {length: 1 for length in policy.capacities}
+    unknown = set(counts) - set(policy.capacities)
+    if unknown:
+        raise ValueError(f"initial_counts names runtimes without a capacity: {sorted(unknown)}")
+    if assignment is not None:
+        unknown |= set(assignment.values()) - set(policy.capacities)
+        if unknown:
+            raise ValueError(f"assignment names runtimes without a capacity: {sorted(unknown)}")
+        num_replicas = len(assignment)
+        user_config = PolymorphAssignmentParams(assignment=assignment, version=version).model_dump(mode="json")
+    else:
+        num_replicas, user_config = allocation_update({}, counts, version=version)
+    return PolymorphRuntimeDeployment.options(
+        name=deployment_name,
+        num_replicas=num_replicas,
+        max_ongoing_requests=max_ongoing_requests,
+        ray_actor_options=model_actor_options(model, device_resource),
+        user_config=user_config,
+        request_router_config=RequestRouterConfig(
+            request_router_class=PolymorphRouter,
+            request_router_kwargs={"threshold": policy.threshold, "decay": policy.decay, "max_levels": policy.max_levels},
+            request_routing_stats_period_s=policy.routing_stats_period_s),
+    ).bind(model.model_dump(mode="json"), policy.model_dump(include=set(PolymorphRuntimeParams.model_fields)))
 
 
 def resolve_placement(spec: DeploymentSpec) -> DeploymentSpec:
     """The spec with its placement: given, or planned from its `planning` section (paths relative to the cwd)."""
     if spec.placement is not None or spec.planning is None:
         return spec
-    from placement.alpaserve.deployment_planning import plan_deployment
-
     placement = plan_deployment(spec)
     logger.info("planned placement:\n%s", placement.describe())
     return parse_spec({**spec.model_dump(mode="json", exclude_none=True), "placement": placement.model_dump(mode="json")})
@@ -162,7 +163,7 @@ def build_app(args: dict[str, Any] | DeploymentSpec) -> Application:
     """Ray Serve application builder: `import_path: rayserve_apps.app:build_app`, `args:` a deployment spec."""
     spec = resolve_placement(parse_spec(args))
     layout = initial_layout(spec)
-    ingress = Ingress.options(ray_actor_options={"num_cpus": spec.serving.num_cpus_ingress},
+    ingress = Ingress.options(ray_actor_options=replica_actor_options(spec.serving.num_cpus_ingress),
                               max_ongoing_requests=spec.serving.ingress_max_ongoing_requests,
                               user_config=ingress_user_config(layout, layout.routes(), version=0))
     groups = []
@@ -174,8 +175,6 @@ def build_app(args: dict[str, Any] | DeploymentSpec) -> Application:
     handles = {model.name: _bind_model(spec, model) for model in spec.models if model.name not in grouped}
     controller = None
     if spec.controller_enabled():
-        from rayserve_apps.controller import PlacementController
-
         controller = PlacementController.options(
             name=CONTROLLER_DEPLOYMENT, num_replicas=1, ray_actor_options={"num_cpus": spec.controller.num_cpus},  # type: ignore[union-attr]
         ).bind(spec.model_dump(mode="json"))

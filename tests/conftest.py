@@ -36,7 +36,7 @@ def ray_serve():
     if ray.is_initialized():
         serve.shutdown()
         ray.shutdown()
-    ray.init(num_cpus=TEST_RAY_NUM_CPUS, resources={TEST_DEVICE_RESOURCE: TEST_NUM_DEVICES},
+    ray.init(address="local", num_cpus=TEST_RAY_NUM_CPUS, resources={TEST_DEVICE_RESOURCE: TEST_NUM_DEVICES},
              include_dashboard=False, log_to_driver=False)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})

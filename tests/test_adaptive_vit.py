@@ -129,3 +129,37 @@ def test_paper_gamma_list_scales_to_token_count_and_depth():
     assert scale_gamma_list(197, 12) == [-20, -15, -10, -5, 0, 2, 4, 8]
     scaled = scale_gamma_list(65, 6)
     assert 0 in scaled and min(scaled) < -5 and max(scaled) >= 1
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("gamma", [0, -6, 4])
+def test_layer_view_cut_into_stages_equals_pooled_features(model, images, gamma):
+    """What a group's stage actors run: the layer view, cut into two stages with the stand-alone (stripped) layers
+    of `parallel.stage_layers`, at the batch's gamma with its prompts in the state."""
+    from models.adaptive_vit_layers import AdaptiveBackbone, adaptive_input_state
+    from models.layers import run_layers
+    from parallel.stage_layers import standalone_layers
+
+    prompts = torch.randn(len(images), CONFIG.depth, gamma, CONFIG.embed_dim) if gamma > 0 else None
+    expected = model.pooled_features(images, gamma, prompts)
+    layers = standalone_layers(AdaptiveBackbone("tiny", model))
+    assert len(layers) == CONFIG.depth + 2
+    cut = 2
+    middle = run_layers(layers[:cut], adaptive_input_state(images, gamma, prompts))
+    served = run_layers(layers[cut:], middle).hidden
+    assert served.shape == expected.shape and (served - expected).abs().max() <= TOLERANCE
+    if gamma < 0:
+        assert middle.hidden.shape[1] < model.num_tokens  # tokens were merged in the first stage already
+
+
+def test_adaptive_blocks_refuse_tensor_parallel_sharding(model):
+    from models.adaptive_vit_layers import AdaptiveBackbone
+    from parallel.stage_layers import shard_block_layer
+    from parallel.tensor_parallel import BlockShardingPlan, NoCollectives
+
+    class TwoShards(NoCollectives):
+        degree = 2
+
+    block = AdaptiveBackbone("tiny", model).layers()[1]
+    with pytest.raises(ValueError, match="intra_op_degree 1"):
+        shard_block_layer(block, "vision", BlockShardingPlan.megatron(), TwoShards())

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from placement.arlo.request_scheduler import (ArloDispatch, BinPackingDispatch, InterGroupGreedy, IntraGroupLoadBalance,
-                                      MultiLevelQueue)
+from placement.arlo.request_scheduler import (
+    ArloDispatch,
+    BinPackingDispatch,
+    InterGroupGreedy,
+    IntraGroupLoadBalance,
+    MultiLevelQueue,
+)
 
 # Arlo Fig. 5: four runtimes; a 200-token request has candidates Q2, Q3, Q4. The paper states the head loads of
 # Q2 (54/60) and Q3 (28/48); the max lengths and the other instances' loads are this test's own choice.

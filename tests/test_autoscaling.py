@@ -72,7 +72,7 @@ def test_replacement_with_more_and_fewer_devices_is_still_minimal():
             if change.to_max_length_tokens is not None:
                 counts[change.to_max_length_tokens] = counts.get(change.to_max_length_tokens, 0) + 1
         assert {k: v for k, v in counts.items() if v} == {k: v for k, v in target.items() if v}
-        lower = sum(max(target.get(l, 0) - sum(1 for v in current_map.values() if v == l), 0) for l in target)
+        lower = sum(max(target.get(n, 0) - sum(1 for v in current_map.values() if v == n), 0) for n in target)
         assert plan.num_changed == max(lower, len(current_map) - len(plan.keep))
 
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from placement.core.profiles import ConfigProfile, ModelProfile, ParallelConfig, ProfileSet, StageProfile
 from placement.core.deployment_spec import parse_spec
+from placement.core.profiles import ConfigProfile, ModelProfile, ParallelConfig, ProfileSet, StageProfile
 from rayserve_apps.app import resolve_placement
 
 GIB = 1024**3

@@ -21,7 +21,14 @@ from rayserve_apps.edge.images import ImageDecoder, load_label_names, with_label
 from rayserve_apps.edge.kserve import InferInput, input_array, split_body
 from rayserve_apps.edge.openai_api import EmbeddingsRequest
 from rayserve_apps.edge.schemas import ClassifyRequest, EmbedRequest, validate_body
-from rayserve_apps.requests import ImageContract, RequestError, check_images, check_query_options, check_texts, parse_json_body
+from rayserve_apps.requests import (
+    ImageContract,
+    RequestError,
+    check_images,
+    check_query_options,
+    check_texts,
+    parse_json_body,
+)
 
 #: The issue's four bodies, each once a 503 "retry" with a stack trace.
 DEEP_JSON = b'{"texts": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"

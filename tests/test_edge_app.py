@@ -19,7 +19,8 @@ from ray import serve
 
 from models import load_vit
 from models.text_encoder import load_text_tokenizer
-from rayserve_apps import APP_NAME, build_app
+from rayserve_apps.app import build_app
+from rayserve_apps.contracts import APP_NAME
 
 pytestmark = pytest.mark.ray
 

@@ -15,12 +15,12 @@ import pytest
 import requests
 import torch
 import torch.nn.functional as F
+from conftest import TEST_DEVICE_RESOURCE, free_port
 from ray import serve
 
-from conftest import TEST_DEVICE_RESOURCE, free_port
 from models import load_text_encoder, load_vit
 from placement.core.deployment_spec import parse_spec
-from rayserve_apps.live_update import apply_config, application_config, placement_overrides
+from rayserve_apps.control.live_update import application_config, apply_config, placement_overrides
 
 pytestmark = pytest.mark.ray
 
@@ -32,6 +32,8 @@ TEXTS = ["model-parallel groups share devices", "a short one"]
 RUNTIMES = {16: 40, 64: 20}
 #: About 40 tokens: only the 64-token runtime takes it.
 LONG_TEXT = " ".join(["serving transformer models on shared devices"] * 6)
+#: Clients sending single-text or single-image requests at once (batches form across their requests).
+CONCURRENT_CLIENTS = 32
 #: Seconds to wait for metrics to reach the Prometheus endpoint (the agent exports every few seconds).
 METRICS_WAIT_S = 60
 
@@ -44,7 +46,7 @@ def cluster(tmp_path_factory):
         serve.shutdown()
         ray.shutdown()
     metrics_port = free_port()
-    ray.init(num_cpus=8, resources={TEST_DEVICE_RESOURCE: 3}, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=8, resources={TEST_DEVICE_RESOURCE: 3}, include_dashboard=False, log_to_driver=False,
              _metrics_export_port=metrics_port)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -95,6 +97,8 @@ def test_placement_is_live_and_groups_are_pinned(app):
     assert groups["group-0"]["models"] == ["minilm", "vit"]
     assert groups["group-0"]["config"] == {"intra_op_degree": 1, "pipeline_stages": 2}
     assert {m: len(rows) for m, rows in groups["group-0"]["stage_actor_pids"].items()} == {"minilm": 2, "vit": 2}
+    # No profile file in this spec: every model is cut evenly, and the placement says so.
+    assert groups["group-0"]["stage_cuts"]["vit"] == {"origin": "even", "stages": [[0, 2], [2, 4]]}
     assert groups["group-1"]["models"] == ["vit-strict"]
     assert layout["version"] == 0
 
@@ -191,7 +195,6 @@ def test_custom_metrics_reach_prometheus(app):
 def test_killed_stage_actor_fails_only_its_requests_and_is_rebuilt(app):
     import os
     import signal
-
     import threading
 
     ready_url = f"{app['url']}/v2/health/ready"
@@ -232,3 +235,47 @@ def test_killed_stage_actor_fails_only_its_requests_and_is_rebuilt(app):
     assert requests.get(ready_url, timeout=60).status_code == 200
     info = handle.info.remote().result(timeout_s=120)
     assert info["rebuilds"]["vit"] == 1 and victim not in info["stage_actor_pids"]["vit"][1]
+
+
+def test_group_batches_text_and_otas_vision_across_requests(cluster):
+    """A new app: one 2-stage group hosting a text model and the trained digits ViT with token adaptation (OTAS).
+    Under concurrent load both engines form batches of several requests, and each digits answer equals the task
+    registry's own forward at the gamma it reports (how the gamma follows the load: test_train_adaptive_vit.py)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from models.task_registry import DIGITS_ARTIFACTS_DIR, TaskRegistry
+    from models.train_adaptive_vit import load_digits_splits
+
+    spec = parse_spec({
+        "cluster": {"num_devices": 3, "device_resource": TEST_DEVICE_RESOURCE},
+        "models": [
+            {"name": "minilm", "kind": "text", "source": "package:all-minilm-l6-v2", "num_cpus_per_replica": 0.25},
+            {"name": "digits", "kind": "vision", "source": "timm:vit_tiny_patch16_224", "num_classes": 10, "image_size_px": 32,
+             "in_chans": 1, "slo_ms": 30_000, "num_cpus_per_replica": 0.25,
+             "policies": {"token_adaptation": {"name": "otas", "params": {"default_task": "digit"}}}},
+        ],
+        "placement": {"groups": [{"num_devices": 2, "config": {"intra_op_degree": 1, "pipeline_stages": 2},
+                                  "models": ["minilm", "digits"]}]},
+    })
+    apply_config([application_config(spec)], cluster["http_options"])
+    url = cluster["url"]
+    _, held_out = load_digits_splits()
+    pictures = held_out.images[:CONCURRENT_CLIENTS]
+
+    def classify(i: int) -> requests.Response:
+        return requests.post(f"{url}/v1/models/digits/classify", json={"images": pictures[i: i + 1].tolist()}, timeout=120)
+
+    def embed(i: int) -> requests.Response:
+        return requests.post(f"{url}/v1/models/minilm/embed", json={"texts": [f"{TEXTS[i % 2]} {i}"]}, timeout=120)
+
+    with ThreadPoolExecutor(CONCURRENT_CLIENTS) as pool:
+        digits = list(pool.map(classify, range(CONCURRENT_CLIENTS)))
+        texts = list(pool.map(embed, range(CONCURRENT_CLIENTS)))
+    assert all(r.status_code == 200 for r in digits + texts), [r.text for r in digits + texts if r.status_code != 200][:2]
+    registry = TaskRegistry.load(DIGITS_ARTIFACTS_DIR)
+    for i, response in enumerate(digits):
+        prediction = response.json()["predictions"][0]
+        expected = torch.softmax(registry.logits(pictures[i: i + 1], ["digit"], prediction["gamma"])[0], dim=-1)
+        assert prediction["task"] == "digit" and np.abs(np.array(prediction["probabilities"]) - expected.numpy()).max() <= 1e-4
+    info = serve.get_deployment_handle("group-0", app_name="plexserve").info.remote().result(timeout_s=60)
+    assert info["engines"]["digits"]["largest_batch"] > 1 and info["engines"]["minilm"]["largest_batch"] > 1, info["engines"]

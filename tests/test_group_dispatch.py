@@ -3,7 +3,7 @@
 import pytest
 
 from placement.alpaserve.dispatch import make_dispatch
-from rayserve_apps.group_dispatch import PROBE_AFTER_S, GroupDispatcher
+from rayserve_apps.ingress.group_dispatch import PROBE_AFTER_S, GroupDispatcher
 
 
 def test_requests_go_only_to_slots_that_route_the_model():

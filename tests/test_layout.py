@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-#: Packages whose import graph must be acyclic.
-ACYCLIC_PACKAGES = ("placement", "ops", "models", "parallel")
+#: Every package of the project (each top-level folder with an `__init__.py`): their import graph is acyclic.
+ACYCLIC_PACKAGES = tuple(sorted(path.parent.name for path in ROOT.glob("*/__init__.py")))
 #: placement's system packages: each builds on placement.core and imports none of the others.
 SYSTEM_PACKAGES = ("placement.alpaserve", "placement.arlo", "placement.otas", "placement.tcb")
 
@@ -57,7 +57,9 @@ def imports_of(path: Path, modules: dict[str, Path], own: str | None = None) -> 
 
     def visit(node: ast.AST, in_body: bool) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.Import, ast.ImportFrom)):
+            if is_type_checking_block(child):  # typing-only imports: no import at run time, no edge
+                visit(ast.Module(body=child.orelse, type_ignores=[]), in_body)
+            elif isinstance(child, (ast.Import, ast.ImportFrom)):
                 for name in targets(child):
                     target = resolve(name, modules)
                     if target is not None and target != own:
@@ -69,6 +71,15 @@ def imports_of(path: Path, modules: dict[str, Path], own: str | None = None) -> 
 
     visit(tree, False)
     return top, nested
+
+
+def is_type_checking_block(node: ast.AST) -> bool:
+    """`if TYPE_CHECKING:` (or `typing.TYPE_CHECKING`): its body never runs."""
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -106,18 +117,33 @@ def import_graph(packages=ACYCLIC_PACKAGES) -> tuple[dict[str, set[str]], dict[s
     return top, nested
 
 
-def test_import_placement_loads_neither_torch_nor_ray():
-    names = sorted(project_modules(("placement",)))
+def modules_loaded_by(names: list[str]) -> set[str]:
+    """Every module a fresh interpreter has loaded after importing `names`."""
     code = ("import importlib, json, sys\n"
             f"for name in {names!r}:\n"
-            "    if not name.endswith('__main__'):\n"
-            "        importlib.import_module(name)\n"
-            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))")
+            "    importlib.import_module(name)\n"
+            "print(json.dumps(sorted(sys.modules)))")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, check=True)
-    loaded = set(json.loads(done.stdout.strip().splitlines()[-1]))
+    return set(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def test_import_placement_loads_neither_torch_nor_ray():
+    names = sorted(name for name in project_modules(("placement",)) if not name.endswith("__main__"))
+    loaded = {name.split(".")[0] for name in modules_loaded_by(names)}
     assert "placement" in loaded and "numpy" in loaded  # the check sees what was imported
     assert not loaded & {"torch", "ray", "torchvision", "transformers", "timm"}
+
+
+@pytest.mark.parametrize("module", ["rayserve_apps.metrics", "rayserve_apps.contracts"])
+def test_serve_leaf_modules_load_neither_the_app_nor_torch(module):
+    """Metrics and the names/contracts module are imported by every replica and the controller: importing one must
+    not build the application (the builder imports every deployment) nor load torch."""
+    loaded = modules_loaded_by([module])
+    assert module in loaded  # the check sees what was imported
+    heavy = {name for name in loaded if name.split(".")[0] in {"torch", "transformers", "timm"}}
+    app_modules = {name for name in loaded if name.startswith("rayserve_apps.") and name not in {module, "rayserve_apps.contracts"}}
+    assert not heavy and not app_modules, f"{module} loads {sorted(heavy)[:5]} {sorted(app_modules)}"
 
 
 def test_find_cycle_finds_a_cycle_and_only_a_cycle():
@@ -146,6 +172,40 @@ def test_no_import_inside_a_function_dodges_a_cycle():
     combined = {name: top[name] | nested[name] for name in top}
     cycle = find_cycle(combined)
     assert cycle is None, f"an import inside a function closes a cycle: {' -> '.join(cycle)}"
+
+
+def subpackage_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The graph between subpackages (and top-level modules) of each package: `pkg.sub.mod` becomes `pkg.sub`."""
+    def node(name: str) -> str:
+        return ".".join(name.split(".")[:2])
+    collapsed: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        collapsed.setdefault(node(name), set()).update(node(t) for t in targets if node(t) != node(name))
+    return collapsed
+
+
+def test_subpackages_import_each_other_only_one_way():
+    top, nested = import_graph()
+    graph = subpackage_graph({name: top[name] | nested[name] for name in top})
+    cycle = find_cycle(graph)
+    assert cycle is None, f"subpackages import each other both ways: {' -> '.join(cycle)}"
+
+
+def test_serve_app_layers():
+    """No module imports the builder; contracts import no other module of the app; routers and the control plane
+    import neither the builder, nor the ingress, nor a replica (the README's Layout table)."""
+    top, nested = import_graph(("rayserve_apps",))
+    app_modules = [name for name in top if name.startswith("rayserve_apps.")]
+    assert "rayserve_apps.contracts" in app_modules and "rayserve_apps.routers.polymorph" in app_modules
+    for name in app_modules:
+        targets = top[name] | nested[name]
+        assert "rayserve_apps.app" not in targets, f"{name} imports the builder"
+        if name == "rayserve_apps.contracts":
+            assert not [t for t in targets if t.startswith("rayserve_apps")], targets
+        if name.startswith(("rayserve_apps.routers", "rayserve_apps.control")):
+            above = ("rayserve_apps.ingress", "rayserve_apps.replicas", "rayserve_apps.engine", "rayserve_apps.edge")
+            bad = [t for t in targets if t.startswith(above)]
+            assert not bad, f"{name} imports {bad}"
 
 
 @pytest.mark.parametrize("package", ["ops", "placement"])

@@ -18,7 +18,7 @@ from ray import serve
 from models import load_text_encoder
 from models.task_registry import DIGITS_ARTIFACTS_DIR, TaskRegistry
 from placement.core.deployment_spec import parse_spec
-from rayserve_apps.live_update import apply_config
+from rayserve_apps.control.live_update import apply_config
 
 pytestmark = pytest.mark.ray
 

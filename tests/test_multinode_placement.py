@@ -8,13 +8,14 @@ keep the test light.
 import numpy as np
 import pytest
 import torch
+from conftest import TEST_DEVICE_RESOURCE
 from ray import serve
 
-from conftest import TEST_DEVICE_RESOURCE
 from models import load_vit
 from placement.core.deployment_spec import parse_spec
-from rayserve_apps import APP_NAME, build_app
-from rayserve_apps.cluster_fit import check_placement_fits
+from rayserve_apps.app import build_app
+from rayserve_apps.contracts import APP_NAME
+from rayserve_apps.control.cluster_fit import check_placement_fits
 
 pytestmark = pytest.mark.ray
 

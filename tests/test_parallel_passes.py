@@ -10,8 +10,18 @@ import pytest
 
 from parallel.comm_model import AlphaBeta, CommModel, fit_alpha_beta
 from parallel.inter_op import slice_stages, summed_stage_latency
-from parallel.intra_op import (BlockCost, BlockShape, IntraOpProblem, LinearNode, Segment, StageCost, enumerate_optimum,
-                               evaluate, solve_intra_op, stage_problem)
+from parallel.intra_op import (
+    BlockCost,
+    BlockShape,
+    IntraOpProblem,
+    LinearNode,
+    Segment,
+    StageCost,
+    enumerate_optimum,
+    evaluate,
+    solve_intra_op,
+    stage_problem,
+)
 from parallel.tensor_parallel import SHARDINGS
 
 NUM_RANDOM_INSTANCES = 25

@@ -16,7 +16,7 @@ def deploy(assignment: dict[int, int], version: int):
     from ray import serve
 
     from placement.core.deployment_spec import ModelSpec
-    from rayserve_apps.polymorph_runtime_deployment import bind_polymorph_model
+    from rayserve_apps.app import bind_polymorph_model
 
     spec = ModelSpec(name="minilm", kind="text", source="package:all-minilm-l6-v2", num_cpus_per_replica=0.5)
     params = {"capacities": CAPACITIES, "backend": "eager", "routing_stats_period_s": 0.5}
@@ -70,11 +70,11 @@ def test_too_long_request_is_rejected_with_limit(handle):
 
 
 def test_allocation_update_keeps_in_flight_requests(handle):
-    from rayserve_apps.polymorph_runtime_deployment import PolymorphUserConfig, allocation_update
+    from rayserve_apps.contracts import PolymorphAssignmentParams, allocation_update
 
     in_flight = [handle.embed_with_runtime.remote(tokens(10, texts=6)) for _ in range(4)]
     num_replicas, user_config = allocation_update({0: SHORT_RUNTIME, 1: LONG_RUNTIME}, {LONG_RUNTIME: 2}, version=2)
-    assignment = PolymorphUserConfig.model_validate(user_config).assignment
+    assignment = PolymorphAssignmentParams.model_validate(user_config).assignment
     assert num_replicas == 2 and assignment == {0: LONG_RUNTIME, 1: LONG_RUNTIME}
     new_handle = deploy(assignment, version=2)
     assert all(len(r.result(timeout_s=120)["embeddings"]) == 6 for r in in_flight)  # none dropped
@@ -88,7 +88,7 @@ def test_allocation_update_keeps_in_flight_requests(handle):
 def _local_replica(execution: str):
     """The replica class outside Serve (rank 0, no user_config: the longest runtime), eager backend."""
     from placement.core.deployment_spec import ModelSpec
-    from rayserve_apps.polymorph_runtime_deployment import PolymorphRuntimeDeployment
+    from rayserve_apps.replicas.polymorph import PolymorphRuntimeDeployment
 
     spec = ModelSpec(name="minilm", kind="text", source="package:all-minilm-l6-v2", num_cpus_per_replica=0.5)
     params = {"capacities": CAPACITIES, "backend": "eager", "execution": execution}
@@ -153,7 +153,7 @@ def test_padded_execution_keeps_one_text_per_row():
 
 def test_polymorphing_params_are_validated_by_field():
     from placement.core.deployment_spec import ModelSpec
-    from rayserve_apps.polymorph_runtime_deployment import bind_polymorph_model
+    from rayserve_apps.app import bind_polymorph_model
 
     spec = ModelSpec(name="minilm", kind="text", source="package:all-minilm-l6-v2")
     with pytest.raises(ValueError, match="decay"):

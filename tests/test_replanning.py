@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 from placement.alpaserve.paper_profiles import model_profile
-from placement.core.placement_plan import GroupPlacement, Placement
 from placement.alpaserve.planner import PlannerConfig
-from placement.core.profiles import ParallelConfig, ProfileSet
 from placement.alpaserve.replanning import ObservedTraffic, ReplanPolicy
+from placement.core.placement_plan import GroupPlacement, Placement
+from placement.core.profiles import ParallelConfig, ProfileSet
 from placement.core.traces import fit_arrivals
 from placement.core.traffic_window import RequestRecord, TrafficWindow
 

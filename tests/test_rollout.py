@@ -2,9 +2,9 @@
 
 import pytest
 
+from placement.alpaserve.placement_rollout import SlotLayout, match_slots, plan_rollout, transition_routes
 from placement.core.placement_plan import GroupPlacement, Placement
 from placement.core.profiles import ParallelConfig
-from placement.alpaserve.placement_rollout import SlotLayout, match_slots, plan_rollout, transition_routes
 
 
 def group(devices: int, models: list[str], stages: int | None = None) -> GroupPlacement:

@@ -1,11 +1,11 @@
-"""The controller's runtime-allocation duty (rayserve_apps.runtime_allocations) without Ray: which models it
+"""The controller's runtime-allocation duty (rayserve_apps.control.runtime_allocations) without Ray: which models it
 allocates, the overrides it writes, periodic decisions from reported lengths, and adoption after a restart."""
 
 from __future__ import annotations
 
 from placement.core.deployment_spec import parse_spec
 from placement.core.traffic_window import RequestRecord
-from rayserve_apps.runtime_allocations import RuntimeAllocations
+from rayserve_apps.control.runtime_allocations import RuntimeAllocations
 
 SHORT, LONG = 16, 64
 PERIOD_S = 10.0

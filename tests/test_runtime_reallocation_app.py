@@ -14,11 +14,11 @@ from collections import Counter
 
 import pytest
 import requests
+from conftest import restart_controller
 from ray import serve
 
-from conftest import restart_controller
 from placement.core.deployment_spec import parse_spec
-from rayserve_apps.live_update import application_config, apply_config, deployed_overrides
+from rayserve_apps.control.live_update import application_config, apply_config, deployed_overrides
 
 pytestmark = pytest.mark.ray
 

@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from ray import serve
 
 from models import load_text_encoder, load_vit
-from rayserve_apps import APP_NAME, build_app
+from rayserve_apps.app import build_app
+from rayserve_apps.contracts import APP_NAME
 
 pytestmark = pytest.mark.ray
 

@@ -8,10 +8,10 @@ import pytest
 
 from placement.alpaserve.batching import MaxBatchWithinSLO
 from placement.alpaserve.dispatch import EarliestFinishDispatch, GroupView, RoundRobinDispatch, ShortestQueueDispatch
+from placement.alpaserve.simulator import LATE, REJECTED, SERVED, UNPLACED, SimulatorConfig, simulate
+from placement.core.arrivals import GammaProcess, PoissonProcess
 from placement.core.placement_plan import GroupPlacement, Placement
 from placement.core.profiles import ConfigProfile, ModelProfile, ParallelConfig, ProfileSet, StageProfile
-from placement.alpaserve.simulator import LATE, REJECTED, SERVED, UNPLACED, SimulatorConfig, simulate
-from placement.core.arrivals import PoissonProcess, GammaProcess
 from placement.core.workload import ModelTraffic, Workload, generate_workload
 
 GB = 10**9
@@ -31,7 +31,8 @@ def synthetic_profile(name: str, latency_s: float, weight_bytes: int = GB, batch
 
 
 def profiles(latencies: dict[str, float]) -> ProfileSet:
-    return ProfileSet(source="synthetic", device="test", models={n: synthetic_profile(n, l) for n, l in latencies.items()})
+    models = {n: synthetic_profile(n, lat) for n, lat in latencies.items()}
+    return ProfileSet(source="synthetic", device="test", models=models)
 
 
 def poisson_workload(names, rates, duration_s, slo_s=math.inf, seed=0) -> Workload:

@@ -7,7 +7,12 @@ import pytest
 import torch
 
 from models.runtimes.static_runtime import (
-    BackendComparison, DynamicRuntime, PackedStaticRuntime, StaticRuntime, compare_backends, fastest_exact_backend,
+    BackendComparison,
+    DynamicRuntime,
+    PackedStaticRuntime,
+    StaticRuntime,
+    compare_backends,
+    fastest_exact_backend,
 )
 from placement.arlo.paper_profiles import staircase_latency_s
 from placement.arlo.runtimes import RuntimeProfile, choose_runtime_lengths

@@ -9,7 +9,7 @@ from ray import serve
 
 from models import load_text_encoder
 from placement.core.deployment_spec import ModelSpec
-from rayserve_apps import build_app
+from rayserve_apps.app import build_app
 from rayserve_apps.engine import batching_scheduler_for
 
 APP = "concat-test"

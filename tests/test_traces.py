@@ -4,9 +4,15 @@ processes per window, scaling and resampling (AlpaServe §6.2)."""
 import numpy as np
 import pytest
 
-from placement.core.traces import (fit_gamma_windows, function_to_model, load_maf2019, load_maf2021, load_trace,
-                              trace_workload)
 from placement.core.arrivals import GammaProcess
+from placement.core.traces import (
+    fit_gamma_windows,
+    function_to_model,
+    load_maf2019,
+    load_maf2021,
+    load_trace,
+    trace_workload,
+)
 
 
 def write_maf2019(path, counts):

@@ -117,7 +117,7 @@ def test_committed_artifacts_are_small_trained_and_profiled():
 @pytest.fixture(scope="module")
 def executor_parts(trained):
     from models.adaptive_vit_profile import build_profile
-    from rayserve_apps.vision_deployment import parse_otas_params
+    from rayserve_apps.engine.otas_executor import parse_otas_params
 
     profile = build_profile(trained, batch_sizes=[1, 4], repeats=1, held_out_subset=16)
     return profile, parse_otas_params({"artifacts": str(trained), "default_task": "digit"})
@@ -126,7 +126,7 @@ def executor_parts(trained):
 def test_otas_executor_answers_every_image_at_a_planned_gamma(registry, executor_parts, images):
     import asyncio
 
-    from rayserve_apps.vision_deployment import OtasExecutor
+    from rayserve_apps.engine.otas_executor import OtasExecutor
 
     profile, params = executor_parts
     executor = OtasExecutor(registry, profile, params, default_slo_ms=60_000)
@@ -146,8 +146,8 @@ def test_otas_executor_answers_every_image_at_a_planned_gamma(registry, executor
 def test_otas_executor_evicts_hopeless_queries_and_names_bad_fields(registry, executor_parts, images):
     import asyncio
 
+    from rayserve_apps.engine.otas_executor import OtasExecutor, parse_otas_params
     from rayserve_apps.requests import RequestError
-    from rayserve_apps.vision_deployment import OtasExecutor, parse_otas_params
 
     profile, params = executor_parts
     executor = OtasExecutor(registry, profile, params, default_slo_ms=60_000)
@@ -168,7 +168,8 @@ def test_vision_replica_runs_otas_on_the_trained_digits_model(ray_serve):
     import requests
     from ray import serve
 
-    from rayserve_apps import APP_NAME, build_app
+    from rayserve_apps.app import build_app
+    from rayserve_apps.contracts import APP_NAME
 
     spec = {"models": [{
         "name": "digits", "kind": "vision", "source": "timm:vit_tiny_patch16_224", "num_classes": 10, "image_size_px": 32,
@@ -190,3 +191,37 @@ def test_vision_replica_runs_otas_on_the_trained_digits_model(ray_serve):
         assert bad.status_code == 422
     finally:
         serve.delete(APP_NAME)
+
+
+@pytest.mark.skipif(not (DIGITS_ARTIFACTS_DIR / "profile.json").exists(), reason="digits artefacts not trained yet")
+def test_otas_executor_gamma_follows_the_load():
+    """The committed digits model with its measured profile: lone queries run at the most accurate gamma; a burst
+    of queries (an arrival rate near the model's capacity) runs at faster gammas (OTAS Alg. 2/3). The same
+    executor and former serve the vision replica and a device group (only the backend differs)."""
+    import asyncio
+
+    from rayserve_apps.engine.otas_executor import OtasExecutor, parse_otas_params
+
+    registry = TaskRegistry.load(DIGITS_ARTIFACTS_DIR)
+    profile = OtasProfile.load(DIGITS_ARTIFACTS_DIR / "profile.json")
+    executor = OtasExecutor(registry, profile, parse_otas_params({"default_task": "digit"}), default_slo_ms=1_000)
+    _, held_out = load_digits_splits()
+    pictures = held_out.images.repeat(BURST_QUERIES // len(held_out.images) + 1, 1, 1, 1)[:BURST_QUERIES]
+
+    async def scenario():
+        lone = [await executor.classify(pictures[i: i + 1], utility=LOW_UTILITY) for i in range(3)]
+        burst = await asyncio.gather(*(executor.classify(pictures[i: i + 1], utility=LOW_UTILITY) for i in range(BURST_QUERIES)),
+                                     return_exceptions=True)
+        return lone, burst
+
+    lone, burst = asyncio.run(scenario())
+    lone_gammas = {answer[0]["gamma"] for answer in lone}
+    burst_gammas = {answer[0]["gamma"] for answer in burst if not isinstance(answer, Exception)}
+    assert lone_gammas == {max(registry.gamma_list)}, lone_gammas
+    assert burst_gammas and min(burst_gammas) < min(lone_gammas), burst_gammas
+    assert max(executor.scheduler.ledger.batch_sizes) > 1
+
+
+#: Below OTAS Alg. 3's kappa (0.8): the load, not the utility alone, sets the gamma.
+LOW_UTILITY = 0.5
+BURST_QUERIES = 2048

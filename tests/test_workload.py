@@ -5,8 +5,15 @@ import pytest
 
 from placement.core.arrivals import GammaProcess, MarkovModulatedProcess, PoissonProcess
 from placement.core.workload import (
-    ClippedNormalLength, EmpiricalLength, FixedLength, ModelTraffic, Workload, gamma_workload, generate_workload,
-    power_law_popularity, uniform_popularity,
+    ClippedNormalLength,
+    EmpiricalLength,
+    FixedLength,
+    ModelTraffic,
+    Workload,
+    gamma_workload,
+    generate_workload,
+    power_law_popularity,
+    uniform_popularity,
 )
 
 

@@ -3,12 +3,26 @@
 that picks runtime lengths.
 """
 
+from models.runtimes.length_staircase import Staircase, measure_runtime_latencies, measure_staircase
 from models.runtimes.static_runtime import (
-    StaticBackend, DynamicBackend, PooledEncoder, PaddedBatch, pad_token_batch, compile_static, StaticRuntime,
-    PackedBodyEncoder, pad_packed_rows, PackedRunResult, PackedStaticRuntime, DynamicRuntime, time_call,
-    BackendComparison, synthetic_token_batch, compare_backends, fastest_exact_backend,
+    BackendComparison,
+    DynamicBackend,
+    DynamicRuntime,
+    PackedBodyEncoder,
+    PackedRunResult,
+    PackedStaticRuntime,
+    PaddedBatch,
+    PooledEncoder,
+    StaticBackend,
+    StaticRuntime,
+    compare_backends,
+    compile_static,
+    fastest_exact_backend,
+    pad_packed_rows,
+    pad_token_batch,
+    synthetic_token_batch,
+    time_call,
 )
-from models.runtimes.length_staircase import Staircase, measure_staircase, measure_runtime_latencies
 
 __all__ = [
     "StaticBackend", "DynamicBackend", "PooledEncoder", "PaddedBatch", "pad_token_batch", "compile_static",

@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from models.text_encoder import TextEncoder
 from models.runtimes.static_runtime import StaticBackend, StaticRuntime, synthetic_token_batch, time_call
+from models.text_encoder import TextEncoder
 
 logger = logging.getLogger(__name__)
 

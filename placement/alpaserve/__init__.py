@@ -5,35 +5,86 @@ slot-by-slot rollout) and planning specs.
 Builds on :mod:`placement.core` and :mod:`placement.sim`.
 """
 
-from placement.alpaserve.batching import BatchPolicy, MaxBatchWithinSLO
-from placement.alpaserve.dispatch import (
-    GroupView, DispatchPolicy, ShortestQueueDispatch, EarliestFinishDispatch, RoundRobinDispatch, make_dispatch,
-    dispatch_from_spec,
-)
-from placement.alpaserve.simulator import (
-    SimulatorConfig, LatencyCache, GroupSpec, build_tables, LatencyStats, SimulationSummary, SimulationResult,
-    simulate, simulate_groups, AlpaServeEngine,
-)
-from placement.alpaserve.planner import (
-    PlannerConfig, greedy_selection, model_buckets, device_buckets, group_partitions, parallel_configs, plan,
-    select_models, place_unplaced,
-)
 from placement.alpaserve.baselines import (
-    selective_replication, round_robin, WindowPlacement, DynamicResult, clockwork_plus_plus,
+    DynamicResult,
+    WindowPlacement,
+    clockwork_plus_plus,
+    round_robin,
+    selective_replication,
+)
+from placement.alpaserve.batching import BatchPolicy, MaxBatchWithinSLO
+from placement.alpaserve.deployment_planning import (
+    DeploymentPlanning,
+    parse_planning,
+    plan_deployment,
+    planning_spec,
+    replan_policy,
+)
+from placement.alpaserve.dispatch import (
+    DispatchPolicy,
+    EarliestFinishDispatch,
+    GroupView,
+    RoundRobinDispatch,
+    ShortestQueueDispatch,
+    dispatch_from_spec,
+    make_dispatch,
 )
 from placement.alpaserve.paper_profiles import (
-    OverheadModel, PaperModelSet, model_profile, table1_profiles, table1_model_set, replicate_profiles,
-)
-from placement.alpaserve.plan_spec import (
-    ProfilesSpec, WorkloadSpec, PlannerSpec, SimulationSpec, PlanSpec, load_plan_spec, model_names, slos_s,
-    build_workload, prepare, simulator_config, planner_config, run_planner,
-)
-from placement.alpaserve.replanning import CandidateName, ModelTrafficFit, Candidate, ReplanDecision, ReplanPolicy
-from placement.alpaserve.deployment_planning import (
-    DeploymentPlanning, parse_planning, planning_spec, replan_policy, plan_deployment,
+    OverheadModel,
+    PaperModelSet,
+    model_profile,
+    replicate_profiles,
+    table1_model_set,
+    table1_profiles,
 )
 from placement.alpaserve.placement_rollout import (
-    ChangeKind, SlotLayout, SlotChange, RolloutStep, Rollout, match_slots, plan_rollout, transition_routes,
+    ChangeKind,
+    Rollout,
+    RolloutStep,
+    SlotChange,
+    SlotLayout,
+    match_slots,
+    plan_rollout,
+    transition_routes,
+)
+from placement.alpaserve.plan_spec import (
+    PlannerSpec,
+    PlanSpec,
+    ProfilesSpec,
+    SimulationSpec,
+    WorkloadSpec,
+    build_workload,
+    load_plan_spec,
+    model_names,
+    planner_config,
+    prepare,
+    run_planner,
+    simulator_config,
+    slos_s,
+)
+from placement.alpaserve.planner import (
+    PlannerConfig,
+    device_buckets,
+    greedy_selection,
+    group_partitions,
+    model_buckets,
+    parallel_configs,
+    place_unplaced,
+    plan,
+    select_models,
+)
+from placement.alpaserve.replanning import Candidate, CandidateName, ModelTrafficFit, ReplanDecision, ReplanPolicy
+from placement.alpaserve.simulator import (
+    AlpaServeEngine,
+    GroupSpec,
+    LatencyCache,
+    LatencyStats,
+    SimulationResult,
+    SimulationSummary,
+    SimulatorConfig,
+    build_tables,
+    simulate,
+    simulate_groups,
 )
 
 __all__ = [

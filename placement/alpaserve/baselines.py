@@ -16,10 +16,10 @@ from typing import Sequence
 
 import numpy as np
 
-from placement.core.placement_plan import GroupPlacement, Placement, SearchStats
 from placement.alpaserve.planner import PlannerConfig, plan
-from placement.core.profiles import ParallelConfig, ProfileSet
 from placement.alpaserve.simulator import SimulatorConfig, simulate
+from placement.core.placement_plan import GroupPlacement, Placement, SearchStats
+from placement.core.profiles import ParallelConfig, ProfileSet
 from placement.core.workload import Workload
 
 logger = logging.getLogger(__name__)

@@ -13,7 +13,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from placement.core.placement_plan import Placement
 from placement.alpaserve.plan_spec import (
     PlannerSpec,
     PlanSpec,
@@ -27,6 +26,7 @@ from placement.alpaserve.plan_spec import (
 )
 from placement.alpaserve.replanning import ReplanPolicy
 from placement.core.deployment_spec import DeploymentSpec, format_validation_error
+from placement.core.placement_plan import Placement
 
 
 class DeploymentPlanning(BaseModel):

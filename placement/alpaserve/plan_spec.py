@@ -15,9 +15,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from placement.alpaserve.paper_profiles import TABLE1_MODELS, replicate_profiles, table1_model_set, table1_profiles
-from placement.core.profiles import ProfileSet
-from placement.core.deployment_spec import ClusterSpec, format_validation_error
 from placement.core.arrivals import GammaProcess, PoissonProcess
+from placement.core.deployment_spec import ClusterSpec, format_validation_error
+from placement.core.profiles import ProfileSet
 from placement.core.workload import ModelTraffic, Workload, generate_workload, power_law_popularity, uniform_popularity
 
 logger = logging.getLogger(__name__)

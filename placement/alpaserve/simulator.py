@@ -27,8 +27,13 @@ from typing import Sequence
 import numpy as np
 
 from placement.alpaserve.batching import BatchPolicy, MaxBatchWithinSLO
-from placement.alpaserve.dispatch import (KERNEL_EARLIEST_FINISH, KERNEL_ROUND_ROBIN, DispatchPolicy, GroupView,
-                                ShortestQueueDispatch)
+from placement.alpaserve.dispatch import (
+    KERNEL_EARLIEST_FINISH,
+    KERNEL_ROUND_ROBIN,
+    DispatchPolicy,
+    GroupView,
+    ShortestQueueDispatch,
+)
 from placement.core.placement_plan import Placement
 from placement.core.profiles import ParallelConfig, ProfileSet
 from placement.core.workload import Workload

@@ -2,7 +2,7 @@
 
 The placement controller receives one `RequestRecord` per request from the ingress. Every controller period it
 hands a polymorphing model's `LiveRuntimeAllocator` the input lengths (`RequestRecord.input_tokens`) seen over its
-window and the deployment's current assignment (replica rank -> runtime max length, `PolymorphUserConfig`). Once
+window and the deployment's current assignment (replica rank -> runtime max length, `PolymorphAssignmentParams`). Once
 per `period_s` (Arlo §5: 120 s) the allocator
 
 1. turns the lengths into Arlo's Q_i, the mean requests per SLO period in each runtime's length bin
@@ -15,7 +15,7 @@ per `period_s` (Arlo §5: 120 s) the allocator
 4. maps the counts onto replica ranks changing the fewest replicas
    (`placement.arlo.instance_replacement.rank_assignment`, Arlo §4 "Instance replacement") and returns the
    declarative update `(num_replicas, user_config)` with the same contents as
-   `rayserve_apps.polymorph_runtime_deployment.allocation_update` (placement/ does not import rayserve_apps).
+   `rayserve_apps.contracts.allocation_update` (placement/ does not import rayserve_apps).
 
 Pure Python: no torch, no Ray. The decision is plain data (`AllocationDecision`), written to the decision log as is.
 """
@@ -29,10 +29,16 @@ from typing import Any, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from placement.arlo.runtimes import RuntimeProfile, RuntimeProfileSet
 from placement.arlo.instance_replacement import rank_assignment
-from placement.arlo.runtime_allocation import (ARLO_ALLOCATION_PERIOD_S, RuntimeAllocation, allocation_lower_bounds,
-                                          evaluate_allocation, proportional_allocation, solve_allocation)
+from placement.arlo.runtime_allocation import (
+    ARLO_ALLOCATION_PERIOD_S,
+    RuntimeAllocation,
+    allocation_lower_bounds,
+    evaluate_allocation,
+    proportional_allocation,
+    solve_allocation,
+)
+from placement.arlo.runtimes import RuntimeProfile, RuntimeProfileSet
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +118,7 @@ class AllocationDecision(BaseModel):
     assignment: dict[int, int] = Field(description="Replica rank -> runtime max length, fewest ranks changed.")
     replicas_changed: int = Field(description="Ranks switching runtime, added, or released vs previous_assignment.")
     num_replicas: int = Field(description="Serve num_replicas of the runtime deployment.")
-    user_config: dict[str, Any] = Field(description="Serve user_config: PolymorphUserConfig as JSON (assignment, version).")
+    user_config: dict[str, Any] = Field(description="Serve user_config: PolymorphAssignmentParams as JSON (assignment, version).")
 
     def update(self) -> tuple[int, dict[str, Any]]:
         """`(num_replicas, user_config)`, as `allocation_update` returns them."""

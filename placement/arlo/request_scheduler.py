@@ -15,7 +15,7 @@ Baselines from Arlo §5.2.3: `IntraGroupLoadBalance` (ILB: ideal runtime, least-
 INFaaS-like first fit over instances that can take the length (Arlo §5 compared scheme).
 
 Every policy is a plain object: `dispatch(length_tokens) -> instance id` counts the request as outstanding on that
-instance, `complete(instance_id)` when it finishes. The live router (rayserve_apps/polymorph_router.py) and the
+instance, `complete(instance_id)` when it finishes. The live router (rayserve_apps/routers/polymorph.py) and the
 simulator (placement/arlo/simulation.py) drive the same objects. A dispatch costs O(L + log(N/K)) (Arlo §3.4).
 """
 

@@ -4,7 +4,13 @@ placement/."""
 
 from placement.sim.engine import SimulationEngine, SimulationRun
 from placement.sim.outcomes import (
-    LATE, REJECTED, SERVED, STATUS_NAMES, UNPLACED, UNSERVED, RequestOutcomes,
+    LATE,
+    REJECTED,
+    SERVED,
+    STATUS_NAMES,
+    UNPLACED,
+    UNSERVED,
+    RequestOutcomes,
 )
 
 __all__ = [

@@ -3,7 +3,7 @@
 A batch has B rows of at most L tokens (TCB §5.1); several requests share a row (ops/packing.py). The schedulers
 are pure policies: `form_batch(now_s, queue)` takes the clock and the waiting requests and returns a
 `BatchDecision` (the requests of every row, or of every slot, and the requests dropped because their deadline
-passed). The simulator (placement/tcb/trace_replay.py) and the live text replica (rayserve_apps/text_deployment.py)
+passed). The simulator (placement/tcb/trace_replay.py) and the live text replica (rayserve_apps/replicas/text.py)
 call the same objects.
 
 - `das`: TCB Alg. 1, online deadline-aware scheduling (utility 1/length, eta + q = 1).
@@ -93,6 +93,14 @@ class BatchingParams(BaseModel):
     slot_granularity_tokens: int = Field(default=8, ge=1, description="slotted_das rounds its slot size up to a multiple of this (fewer distinct shapes).")
     backfill_slots: bool = Field(default=True, description="slotted_das: fill room left in the slots with other waiting requests (plexserve's addition to TCB Alg. 2).")
     start_allowance_ms: float = Field(default=0.0, ge=0, description="Drop a request unless it can start this long before its deadline, in milliseconds.")
+
+    @classmethod
+    def paper(cls, **overrides: Any) -> "BatchingParams":
+        """TCB Alg. 2 (Slotted DAS, §5.3) as published: the slot size z is the longest request of the
+        utility-dominant sets, not rounded (`slot_granularity_tokens=1`), and room left in the slots stays empty
+        (`backfill_slots=False`). The project default rounds z up to 8 tokens (fewer distinct shapes) and
+        back-fills slots with waiting requests that fit, by utility."""
+        return cls(**{"slot_granularity_tokens": 1, "backfill_slots": False, **overrides})
 
     @model_validator(mode="after")
     def _check(self) -> "BatchingParams":

@@ -9,7 +9,7 @@ validate their input completely before they call a model, so what remains is the
 from __future__ import annotations
 
 import logging
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -53,3 +53,8 @@ async def guarded(work: Awaitable[Any]) -> Response:
         logger.exception("request failed in a model replica")
         body = {"error": {"type": "replica_failure", "message": f"{type(error).__name__}: the model replica failed; retry", "field": None}}
         return JSONResponse(body, status_code=REPLICA_FAILURE_STATUS, headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+def embedding_lists(rows: Sequence[Any]) -> list[list[float]]:
+    """Embeddings as JSON-ready lists: replicas answer float32 numpy rows (batched calls) or lists (Arlo's router)."""
+    return [row.tolist() if hasattr(row, "tolist") else list(row) for row in rows]

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from ray import serve
 
 if TYPE_CHECKING:
-    from rayserve_apps.ingress import Ingress
+    from rayserve_apps.ingress.deployment import Ingress
 
 logger = logging.getLogger("ray.serve")
 

@@ -20,16 +20,16 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
+from placement.core.deployment_spec import ModelSpec
 from rayserve_apps.edge.body_limit import read_body
 from rayserve_apps.edge.errors import input_errors
 from rayserve_apps.edge.health import models_ready
-from rayserve_apps.edge.schemas import Text, validate_body
 from rayserve_apps.edge.native import checked_images, embed_texts, from_pixels
-from placement.core.deployment_spec import ModelSpec
+from rayserve_apps.edge.schemas import Text, validate_body
 from rayserve_apps.requests import RequestError, find_model, parse_json_body
 
 if TYPE_CHECKING:
-    from rayserve_apps.ingress import Ingress
+    from rayserve_apps.ingress.deployment import Ingress
 
 #: Header giving the length of the JSON part of a request or response that carries binary tensors.
 HEADER_LENGTH = "Inference-Header-Content-Length"

@@ -15,10 +15,17 @@ from placement.core.deployment_spec import DeploymentSpec, ModelSpec
 from rayserve_apps.edge.errors import input_errors
 from rayserve_apps.edge.images import ImageDecoder, load_label_names, with_label_names
 from rayserve_apps.edge.schemas import ClassifyRequest, EmbedRequest, validate_body
-from rayserve_apps.requests import ImageContract, RequestError, check_images, check_query_options, check_texts, find_model
+from rayserve_apps.requests import (
+    ImageContract,
+    RequestError,
+    check_images,
+    check_query_options,
+    check_texts,
+    find_model,
+)
 
 if TYPE_CHECKING:
-    from rayserve_apps.ingress import Ingress
+    from rayserve_apps.ingress.deployment import Ingress
 
 
 class Edge:

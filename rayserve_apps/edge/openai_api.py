@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from pydantic import BaseModel, Field, StrictInt
 
+from rayserve_apps.edge.answer import embedding_lists
 from rayserve_apps.edge.errors import input_errors
-from rayserve_apps.edge.schemas import Text, StrictBody, validate_body
 from rayserve_apps.edge.native import embed_texts
-from rayserve_apps.forwarding import embedding_lists
+from rayserve_apps.edge.schemas import StrictBody, Text, validate_body
 from rayserve_apps.requests import RequestError, find_model
 
 if TYPE_CHECKING:
-    from rayserve_apps.ingress import Ingress
+    from rayserve_apps.ingress.deployment import Ingress
 
 #: Bytes of one float in a base64 embedding (OpenAI's format: little-endian float32).
 BASE64_FLOAT = np.dtype("<f4")

@@ -33,7 +33,6 @@ from placement.tcb.batch_scheduler import BatchDecision, BatchScheduler, TextReq
 from rayserve_apps.engine.engine import FormedBatch, WorkItem
 from rayserve_apps.requests import RequestError
 
-
 #: Batching policy of a text model whose spec names none (TCB Alg. 1).
 DEFAULT_BATCHING_POLICY = "das"
 

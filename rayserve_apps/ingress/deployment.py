@@ -35,19 +35,25 @@ from ray.serve.handle import DeploymentHandle
 
 from models.text_encoder import TextTokenizer, load_text_tokenizer
 from placement.alpaserve.placement_rollout import SlotLayout
-from placement.core.traffic_window import RequestRecord
 from placement.core.deployment_spec import DeploymentSpec, ModelSpec, parse_spec
+from placement.core.traffic_window import RequestRecord
 from rayserve_apps import metrics
+from rayserve_apps.contracts import polymorphing_params
 from rayserve_apps.edge import kserve, native, openai_api
-from rayserve_apps.edge.answer import answer, guarded
+from rayserve_apps.edge.answer import answer, embedding_lists, guarded
 from rayserve_apps.edge.attainment import SloAttainment
 from rayserve_apps.edge.errors import install_error_handlers
 from rayserve_apps.edge.health import group_info
-from rayserve_apps.edge.schemas import ERROR_RESPONSES, ClassifyRequest, ClassifyResponse, EmbedRequest, EmbedResponse, json_body
-from rayserve_apps.forwarding import embedding_lists
-from rayserve_apps.backends import Backend, GroupBackend, ModelDeploymentBackend, ModelRouterBackend
-from rayserve_apps.polymorph_runtime_deployment import polymorphing_params
-from rayserve_apps.traffic_reporter import TrafficReporter
+from rayserve_apps.edge.schemas import (
+    ERROR_RESPONSES,
+    ClassifyRequest,
+    ClassifyResponse,
+    EmbedRequest,
+    EmbedResponse,
+    json_body,
+)
+from rayserve_apps.ingress.backends import Backend, GroupBackend, ModelDeploymentBackend, ModelRouterBackend
+from rayserve_apps.ingress.traffic_reporter import TrafficReporter
 from rayserve_apps.requests import (
     ImageContract,
     RequestError,
@@ -110,7 +116,7 @@ class Ingress:
         return limit
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
-        """Adopt the slots' groups and routes of a re-placement step without a restart; see `live_update.py`."""
+        """Adopt the slots' groups and routes of a re-placement step without a restart; see `control/live_update.py`."""
         if user_config.get("layout") is None or self.groups is None:
             return
         layout = SlotLayout.model_validate(user_config["layout"])

@@ -17,8 +17,8 @@ from placement.alpaserve.dispatch import make_dispatch
 from placement.alpaserve.placement_rollout import SlotLayout
 from placement.core.deployment_spec import DeploymentSpec
 from rayserve_apps import metrics
-from rayserve_apps.forwarding import BatchForwarder
-from rayserve_apps.group_dispatch import GroupDispatcher
+from rayserve_apps.ingress.forwarding import BatchForwarder
+from rayserve_apps.ingress.group_dispatch import GroupDispatcher
 from rayserve_apps.requests import RequestError
 
 #: Dispatch policy used when the spec names none.
@@ -93,9 +93,6 @@ class GroupBackend:
         self.layout, self.routes, self.version = layout, routes, version
 
     async def call(self, model: str, method: str, payload: Any, deadline_s: float, options: dict[str, Any]) -> Any:
-        if options:
-            raise RequestError(422, "invalid_field", f"model {model!r} runs in a device group without token adaptation; "
-                               f"it takes no {sorted(options)}", field=sorted(options)[0])
         now = time.monotonic()
         group = self.dispatcher.choose(model, now, deadline_s)
         if group is None:
@@ -113,7 +110,7 @@ class GroupBackend:
             if method == TEXT_METHOD:
                 result = await self._forwarder(group, model).forward(payload, deadline_s)
             else:
-                result = await getattr(self.handles[group], method).remote(model, payload)
+                result = await getattr(self.handles[group], method).remote(model, payload, **options)
             latency = time.monotonic() - now
             return result
         finally:

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from typing import Any, List, Optional
 
-from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
+from ray.serve.request_router import PendingRequest, RunningReplica
 
 from placement.arlo.request_scheduler import ARLO_ALPHA, ARLO_LAMBDA, ARLO_MAX_LEVELS, ArloDispatch, ArloDispatchParams
-from rayserve_apps.polymorph_runtime_deployment import KEY_CAPACITY, KEY_MAX_LENGTH, KEY_OUTSTANDING
+from rayserve_apps.contracts import STATS_CAPACITY, STATS_MAX_LENGTH, STATS_OUTSTANDING
+from rayserve_apps.routers.ranking import RankingRouter
 
 
 def request_length_tokens(pending_request: Optional[PendingRequest]) -> int | None:
@@ -42,12 +43,12 @@ def request_length_tokens(pending_request: Optional[PendingRequest]) -> int | No
 def replica_runtime(replica: RunningReplica) -> tuple[int, int] | None:
     """(max length, capacity) of a replica's current runtime; routing stats win over the start-up metadata."""
     for source in (replica.routing_stats, replica.replica_metadata):
-        if KEY_MAX_LENGTH in source and KEY_CAPACITY in source:
-            return int(source[KEY_MAX_LENGTH]), int(source[KEY_CAPACITY])
+        if STATS_MAX_LENGTH in source and STATS_CAPACITY in source:
+            return int(source[STATS_MAX_LENGTH]), int(source[STATS_CAPACITY])
     return None
 
 
-class PolymorphRouter(FIFOMixin, RequestRouter):
+class PolymorphRouter(RankingRouter):
     """Arlo Alg. 1 over one deployment's runtime replicas."""
 
     def initialize_state(self, threshold: float = ARLO_LAMBDA, decay: float = ARLO_ALPHA,
@@ -75,18 +76,14 @@ class PolymorphRouter(FIFOMixin, RequestRouter):
         if self._policy is not None:
             for replica in replicas:
                 if runtimes.get(replica.replica_id) is not None:
-                    reported = int(replica.routing_stats.get(KEY_OUTSTANDING, 0))
+                    reported = int(replica.routing_stats.get(STATS_OUTSTANDING, 0))
                     outstanding = max(self._sent.get(replica.replica_id, 0), reported)
                     if self._policy.outstanding(replica.replica_id) != outstanding:
                         self._policy.set_outstanding(replica.replica_id, outstanding)
         return self._policy
 
-    async def choose_replicas(self, candidate_replicas: List[RunningReplica],
-                              pending_request: Optional[PendingRequest] = None) -> List[List[RunningReplica]]:
-        if not candidate_replicas:
-            return []
-        if pending_request is not None:
-            pending_request.routing_context.should_backoff = True
+    def rank(self, candidate_replicas: List[RunningReplica],
+             pending_request: Optional[PendingRequest]) -> List[List[RunningReplica]]:
         policy = self._sync_policy(candidate_replicas)
         silent = [r for r in candidate_replicas if replica_runtime(r) is None]
         if policy is None:

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 from typing import Any, List, Optional
 
-from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
+from ray.serve.request_router import PendingRequest, RunningReplica
 
 from placement.alpaserve.dispatch import GroupView, ShortestQueueDispatch
-
-#: The routing-stats keys a group replica reports.
-STATS_MODELS = "models"
-STATS_QUEUE_LENGTH = "queue_length"
+from rayserve_apps.contracts import STATS_MODELS, STATS_QUEUE_LENGTH
+from rayserve_apps.routers.ranking import RankingRouter
 
 
 def requested_model(pending_request: Optional[PendingRequest]) -> str | None:
@@ -30,7 +28,7 @@ def requested_model(pending_request: Optional[PendingRequest]) -> str | None:
     return model if isinstance(model, str) else None
 
 
-class ModelAwareRouter(FIFOMixin, RequestRouter):
+class ModelAwareRouter(RankingRouter):
     """Shortest queue among the replicas that host the requested model."""
 
     def initialize_state(self, **kwargs: Any) -> None:
@@ -41,12 +39,8 @@ class ModelAwareRouter(FIFOMixin, RequestRouter):
         reported = replica.routing_stats.get(STATS_QUEUE_LENGTH, 0)
         return int(max(cached or 0, reported))
 
-    async def choose_replicas(self, candidate_replicas: List[RunningReplica],
-                              pending_request: Optional[PendingRequest] = None) -> List[List[RunningReplica]]:
-        if not candidate_replicas:
-            return []
-        if pending_request is not None:
-            pending_request.routing_context.should_backoff = True
+    def rank(self, candidate_replicas: List[RunningReplica],
+             pending_request: Optional[PendingRequest]) -> List[List[RunningReplica]]:
         model = requested_model(pending_request)
         reported = [r for r in candidate_replicas if STATS_MODELS in r.routing_stats]
         silent = [r for r in candidate_replicas if STATS_MODELS not in r.routing_stats]

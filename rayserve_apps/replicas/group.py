@@ -44,18 +44,30 @@ import torch
 from ray import serve
 from ray.util import get_current_placement_group
 
-from models.layers import ActivationState
+from models.device import device_reservation
+from models.task_registry import artifacts_config
 from models.text_encoder import TextTokenizer, load_text_tokenizer
+from models.vit import check_image_batch
 from ops.packing import PackedBatch
 from parallel.group_runtime import GroupFailedError, ModelParallelGroup
-from parallel.plan import ParallelPlan
+from parallel.plan import ParallelPlan, PlanOrigin, stored_or_even
 from parallel.stage_layers import ModelSource
-from placement.core.profiles import ParallelConfig
 from placement.core.deployment_spec import ModelSpec
+from placement.core.profiles import ParallelConfig
 from rayserve_apps import metrics
-from rayserve_apps.engine import (ServingEngine, StagedTextBackend, TextBatchFormer, answer_requests,
-                                  batching_scheduler_for)
-from rayserve_apps.text_deployment import check_text_request, text_batch_metrics
+from rayserve_apps.contracts import STATS_MODELS, STATS_QUEUE_LENGTH
+from rayserve_apps.engine import (
+    ImageBatchFormer,
+    ServingEngine,
+    StagedOtasBackend,
+    StagedTextBackend,
+    StagedVisionBackend,
+    TextBatchFormer,
+    answer_requests,
+    batching_scheduler_for,
+)
+from rayserve_apps.engine.otas_executor import OtasExecutor, OtasMetrics, load_otas_parts, token_adaptation_params
+from rayserve_apps.replicas.text import check_text_request, text_batch_metrics
 
 logger = logging.getLogger("ray.serve")
 
@@ -79,13 +91,6 @@ def model_source(spec: ModelSpec) -> ModelSource:
     )
 
 
-def group_bundles(num_devices: int, device_resource: str, replica_num_cpus: float, num_cpus_per_device: float) -> list[dict[str, float]]:
-    """The placement-group bundles of a group replica: the replica, then one bundle per device."""
-    # With 'CPU' as the device resource (a single machine without accelerators), a device is a CPU share.
-    device_bundle = {"CPU": num_cpus_per_device} if device_resource == "CPU" else {device_resource: 1.0, "CPU": num_cpus_per_device}
-    return [{"CPU": replica_num_cpus}] + [dict(device_bundle) for _ in range(num_devices)]
-
-
 @dataclass
 class HostedModel:
     """A model running on this group's devices, with its in-flight count for draining and routing."""
@@ -95,6 +100,8 @@ class HostedModel:
     tokenizer: TextTokenizer | None
     #: The model's serving engine: its queue, batch former and the stage actors as backend.
     engine: ServingEngine | None = None
+    #: Token-adaptation vision models: the OTAS query front of `engine` (its task registry holds the heads).
+    otas: OtasExecutor | None = None
     #: Longest text in tokens (text models): the spec's, the tokenizer's, the scheduler's and Arlo's limits.
     limit_tokens: int = 0
     in_flight: int = 0
@@ -105,6 +112,8 @@ class HostedModel:
     #: Cleared while the model's stage actors are being rebuilt after a failure; requests wait for it.
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     rebuilds: int = 0
+    #: Where the stage cuts come from: "planned" (the plan stored with the profile) or "even" (`ParallelPlan.even`).
+    plan_origin: PlanOrigin = "even"
 
     def __post_init__(self) -> None:
         self.ready.set()
@@ -122,29 +131,56 @@ class GroupReplica:
         self.config: ParallelConfig | None = None
         self.models: dict[str, HostedModel] = {}
         self.placement_version = -1
+        #: Model -> stored plan (ParallelPlan JSON) for the current config, from `user_config["plans"]`.
+        self.stored_plans: dict[str, dict[str, Any]] = {}
+        self._even_logged: set[tuple[str, str]] = set()
         self.started_at_s = time.time()
         self._queue_gauge = metrics.group_queue_length()
 
     # ---- hosted models ----
 
     def _start_model(self, spec: ModelSpec) -> HostedModel:
+        assert self.config is not None
         tokenizer = load_text_tokenizer(spec.source) if spec.kind == "text" else None
         source = model_source(spec)
+        otas_parts = None
+        otas = token_adaptation_params(spec) if spec.kind == "vision" else None
+        if otas is not None:
+            if self.config.intra_op_degree != 1:
+                raise ValueError(f"group {self.group_name}: model {spec.name!r} uses token adaptation, whose blocks are not "
+                                 f"split by tensor parallelism; its group needs intra_op_degree 1, got {self.config.key()}")
+            otas_parts = (otas, *load_otas_parts(spec, otas))
+            source = source.model_copy(update={"adaptive_artifacts": otas.artifacts})
         # Text: the stages run embeddings and blocks; pooling of packed rows happens here, per request.
         num_layers = _num_layers(source) - (1 if spec.kind == "text" else 0)
-        assert self.config is not None
-        plan = ParallelPlan.even(num_layers, pipeline_stages=self.config.pipeline_stages, intra_op_degree=self.config.intra_op_degree)
+        plan, plan_origin = self._plan_for(spec.name, num_layers)
         bundle_indices = None
         if self.placement_group is not None:
             # Bundle 0 is the replica's own; stage s shard r runs on the device bundle 1 + s * degree + r.
             bundle_indices = [1 + k for k in range(plan.num_actors)]
+        # Each stage actor takes its model's share of its device bundle: num_gpus on GPUs, the logical resource on CPUs.
+        reservation = device_reservation(self.device_resource, 1.0 / MAX_MODELS_PER_GROUP)
         runtime = ModelParallelGroup(
             source, plan, placement_group=self.placement_group, bundle_indices=bundle_indices, num_cpus_per_actor=0.0,
             num_threads_per_actor=self._threads_per_device(),
-            actor_resources={self.device_resource: 1.0 / MAX_MODELS_PER_GROUP} if self.device_resource != "CPU" else None,
+            actor_resources=reservation.get("resources"), num_gpus_per_actor=reservation.get("num_gpus", 0.0),
         )
         logger.info("group %s: started %s (%s)", self.group_name, spec.name, self.config.key())
-        return HostedModel(spec=spec, runtime=runtime, tokenizer=tokenizer)
+        hosted = HostedModel(spec=spec, runtime=runtime, tokenizer=tokenizer, plan_origin=plan_origin)
+        if spec.kind == "vision":
+            self._attach_vision_engine(hosted, otas_parts)
+        return hosted
+
+    def _plan_for(self, model: str, num_layers: int) -> tuple[ParallelPlan, PlanOrigin]:
+        """The plan stored with the model's profile for this config, else even cuts (logged once per model and config)."""
+        assert self.config is not None
+        plan, origin = stored_or_even(self.stored_plans.get(model), num_layers, self.config.pipeline_stages,
+                                      self.config.intra_op_degree)
+        if origin == "even" and (model, self.config.key()) not in self._even_logged:
+            self._even_logged.add((model, self.config.key()))
+            logger.info("group %s: no planned stage cuts for %s under %s in the profiles; falling back to even cuts",
+                        self.group_name, model, self.config.key())
+        return plan, origin
 
     def _threads_per_device(self) -> int:
         """Torch threads of each stage actor: one per whole CPU of its device bundle, at least one."""
@@ -171,10 +207,14 @@ class GroupReplica:
         if self.placement_group is not None and num_devices > self._device_bundles():
             raise ValueError(f"group {self.group_name}: user_config.num_devices={num_devices} but the replica holds "
                              f"{self._device_bundles()} device bundles")
+        plans = user_config.get("plans", {})
         restart_all = config != self.config
         self.config = config
+        changed_plans = {name for name in set(plans) | set(self.stored_plans) if plans.get(name) != self.stored_plans.get(name)}
+        self.stored_plans = plans
         wanted = {spec.name: spec for spec in specs}
-        to_start = [spec for name, spec in wanted.items() if restart_all or name not in self.models or self.models[name].spec != spec]
+        to_start = [spec for name, spec in wanted.items()
+                    if restart_all or name not in self.models or self.models[name].spec != spec or name in changed_plans]
         # Models start side by side: each waits mostly for its stage actors' processes to come up.
         started = dict(zip([spec.name for spec in to_start],
                            await asyncio.gather(*(asyncio.to_thread(self._start_model, spec) for spec in to_start))))
@@ -221,27 +261,29 @@ class GroupReplica:
         hosted.engine = ServingEngine(f"{self.group_name}/{spec.name}", former, backend,
                                       max_batches_in_flight=self.config.pipeline_stages if self.config else 1)
 
+    def _attach_vision_engine(self, hosted: HostedModel, otas_parts: tuple | None) -> None:
+        """The vision model's serving engine, with the stage actors as backend and as many batches in flight as the
+        group has pipeline stages: OTAS batches at a gamma (its task heads run here) for a token-adaptation model,
+        FIFO batches of up to `max_batch_size` images otherwise."""
+        spec = hosted.spec
+        name = f"{self.group_name}/{spec.name}"
+        in_flight = self.config.pipeline_stages if self.config else 1
+        if otas_parts is not None:
+            otas, registry, profile = otas_parts
+            hosted.otas = OtasExecutor(registry, profile, otas, spec.slo_ms, OtasMetrics(spec.name),
+                                       backend=StagedOtasBackend(hosted.runtime, registry),
+                                       max_batches_in_flight=in_flight, name=name)
+            hosted.engine = hosted.otas.engine
+            return
+        former = ImageBatchFormer(spec.max_batch_size, spec.batch_wait_timeout_ms / 1000.0)
+        hosted.engine = ServingEngine(name, former, StagedVisionBackend(hosted.runtime), max_batches_in_flight=in_flight,
+                                      on_batch=lambda batch, _: metrics.batch_size().observe(len(batch.items), tags={"model": spec.name}))
+
     def _hosted(self, model: str) -> HostedModel:
         hosted = self.models.get(model)
         if hosted is None:
             raise ValueError(f"group {self.group_name} does not host model {model!r}; it hosts {sorted(self.models)}")
         return hosted
-
-    async def _run(self, hosted: HostedModel, state: ActivationState) -> ActivationState:
-        hosted.in_flight += 1
-        self._queue_gauge.set(self.queue_length(), tags={"group": self.group_name})
-        try:
-            await hosted.ready.wait()
-            pending = hosted.runtime.submit(state)  # returns at once: requests pipeline through the stages
-            return await asyncio.to_thread(hosted.runtime.result, pending)
-        except GroupFailedError as error:
-            # Only this model's in-flight requests fail; its stage actors are replaced in the background.
-            self._rebuild_soon(hosted)
-            raise RuntimeError(f"group {self.group_name}, model {hosted.spec.name!r}: {error}; "
-                               "its stage actors are being rebuilt, retry the request") from None
-        finally:
-            hosted.in_flight -= 1
-            self._queue_gauge.set(self.queue_length(), tags={"group": self.group_name})
 
     def _rebuild_soon(self, hosted: HostedModel) -> None:
         if not hosted.ready.is_set():
@@ -290,18 +332,34 @@ class GroupReplica:
             raise outcome
         return [row.tolist() for row in outcome]
 
-    async def classify(self, model: str, images: np.ndarray) -> list[dict]:
+    async def classify(self, model: str, images: np.ndarray, task_id: str | None = None, slo_ms: float | None = None,
+                       utility: float | None = None) -> list[dict]:
+        """One {'label', 'probabilities'} per image; the images join the model's engine queue and share batches
+        with other requests'. A token-adaptation model takes OTAS' `task_id`, `slo_ms` and `utility`."""
         hosted = self._hosted(model)
         if hosted.spec.kind != "vision":
             raise ValueError(f"model {model!r} is not a vision model")
         tensor = torch.as_tensor(np.asarray(images, dtype=np.float32))
-        side = hosted.spec.image_size_px or 224
-        expected = (hosted.spec.in_chans, side, side)
-        if tensor.dim() != 4 or tuple(tensor.shape[1:]) != expected:
-            raise ValueError(f"images must have shape [N, {expected[0]}, {expected[1]}, {expected[2]}], got {list(tensor.shape)}")
-        metrics.batch_size().observe(len(tensor), tags={"model": model})
-        probabilities = torch.softmax((await self._run(hosted, ActivationState(hidden=tensor))).hidden, dim=-1)
-        return [{"label": int(p.argmax()), "probabilities": p.tolist()} for p in probabilities]
+        if hosted.otas is None:
+            if task_id is not None:
+                raise ValueError(f"model {model!r} has no token_adaptation policy, so it takes no task_id")
+            side = hosted.spec.image_size_px or 224
+            check_image_batch(tensor, (hosted.spec.in_chans, side, side))
+        hosted.in_flight += 1
+        self._queue_gauge.set(self.queue_length(), tags={"group": self.group_name})
+        try:
+            await hosted.ready.wait()
+            if hosted.otas is not None:
+                return await hosted.otas.classify(tensor, task_id, slo_ms, utility)
+            return await hosted.engine.answer(list(tensor), hosted.engine.clock() + hosted.spec.slo_ms / 1000.0)
+        except GroupFailedError as error:
+            # Only this model's in-flight batches fail; its stage actors are replaced in the background.
+            self._rebuild_soon(hosted)
+            raise RuntimeError(f"group {self.group_name}, model {model!r}: {error}; its stage actors are being rebuilt, "
+                               "retry the request") from None
+        finally:
+            hosted.in_flight -= 1
+            self._queue_gauge.set(self.queue_length(), tags={"group": self.group_name})
 
     # ---- state for routers, tests and people ----
 
@@ -309,7 +367,7 @@ class GroupReplica:
         return sum(hosted.in_flight for hosted in self.models.values())
 
     def record_routing_stats(self) -> dict[str, Any]:
-        return {"models": sorted(self.models), "queue_length": self.queue_length()}
+        return {STATS_MODELS: sorted(self.models), STATS_QUEUE_LENGTH: self.queue_length()}
 
     async def info(self) -> dict[str, Any]:
         """Where and what this replica is: for `GET /v1/placement`, tests and people."""
@@ -322,6 +380,8 @@ class GroupReplica:
             "placement_version": self.placement_version, "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
             "started_at_s": self.started_at_s, "queue_length": self.queue_length(), "stage_actor_pids": stage_pids,
             "rebuilds": {name: hosted.rebuilds for name, hosted in self.models.items()},
+            "stage_cuts": {name: {"origin": h.plan_origin, "stages": [[s.start_layer, s.end_layer] for s in h.runtime.plan.stages]}
+                           for name, h in self.models.items()},
             "runtime_lengths_tokens": {name: list(h.runtime_lengths_tokens) for name, h in self.models.items() if h.runtime_lengths_tokens},
             "passes_by_width_tokens": {name: dict(h.passes_by_width) for name, h in self.models.items() if h.tokenizer is not None},
             "engines": {name: h.engine.totals.as_dict() for name, h in self.models.items() if h.engine is not None},
@@ -352,6 +412,8 @@ def _num_layers(source: ModelSource) -> int:
 
         config = AutoConfig.from_pretrained(resolve_text_source(source.source), local_files_only=True)
         return config.num_hidden_layers + 2
+    if source.adaptive_artifacts is not None:
+        return artifacts_config(source.adaptive_artifacts).depth + 2
     depth = source.timm_kwargs.get("depth")
     if depth is None:
         import timm

@@ -21,14 +21,16 @@ from typing import Any
 from ray import serve
 from ray.serve.schema import ServeDeploySchema
 
-from placement.core.placement_plan import Placement
 from placement.alpaserve.placement_rollout import SlotLayout
 from placement.core.deployment_spec import DeploymentSpec
-from rayserve_apps.app import (
+from placement.core.placement_plan import Placement
+from rayserve_apps.contracts import (
+    APP_IMPORT_PATH,
     APP_NAME,
     INGRESS_DEPLOYMENT,
     group_bundles_for,
     group_deployment_name,
+    group_max_ongoing_requests,
     group_max_queued_requests,
     group_user_config,
     ingress_user_config,
@@ -37,7 +39,6 @@ from rayserve_apps.app import (
 
 logger = logging.getLogger(__name__)
 
-IMPORT_PATH = "rayserve_apps.app:build_app"
 #: Seconds `apply_config` waits for the application to be RUNNING again.
 APPLY_TIMEOUT_S = 300.0
 #: Poll interval while waiting.
@@ -49,7 +50,7 @@ INSTANCE_CONFIG_KEYS = ("proxy_location", "http_options", "grpc_options")
 def application_config(spec: DeploymentSpec, name: str = APP_NAME, route_prefix: str = "/",
                        deployments: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """One application of a Serve config: plexserve's builder with the spec as `args`."""
-    app: dict[str, Any] = {"name": name, "route_prefix": route_prefix, "import_path": IMPORT_PATH,
+    app: dict[str, Any] = {"name": name, "route_prefix": route_prefix, "import_path": APP_IMPORT_PATH,
                            "args": spec.model_dump(mode="json", exclude_none=True)}
     if deployments:
         app["deployments"] = deployments
@@ -61,7 +62,8 @@ def slot_override(spec: DeploymentSpec, index: int, layout: SlotLayout, version:
     group = layout.slots[index]
     return {"name": group_deployment_name(index), "user_config": group_user_config(spec, group, version),
             "placement_group_bundles": group_bundles_for(spec, group), "placement_group_strategy": "STRICT_PACK",
-            "max_queued_requests": group_max_queued_requests(spec, group)}
+            "max_queued_requests": group_max_queued_requests(spec, group),
+            "max_ongoing_requests": group_max_ongoing_requests(spec, group.models if group is not None else [])}
 
 
 def layout_overrides(spec: DeploymentSpec, layout: SlotLayout, routes: list[list[str]], slot_versions: list[int],

@@ -25,8 +25,14 @@ from ops.packing import PackedBatch
 from placement.core.deployment_spec import ModelSpec
 from rayserve_apps import metrics
 from rayserve_apps._threads import set_torch_threads_for
-from rayserve_apps.engine import (FormedBatch, InProcessTextBackend, ServingEngine, TextBatchFormer, answer_requests,
-                                  batching_scheduler_for)
+from rayserve_apps.engine import (
+    FormedBatch,
+    InProcessTextBackend,
+    ServingEngine,
+    TextBatchFormer,
+    answer_requests,
+    batching_scheduler_for,
+)
 
 logger = logging.getLogger("ray.serve")
 

@@ -3,7 +3,7 @@
 All runtime instances of one model are replicas of ONE deployment, so that one `PolymorphRouter` sees them all and
 can apply Arlo's multi-level queue across runtimes (a Serve request router chooses among one deployment's replicas).
 Which runtime a replica runs is data: the deployment's `user_config` maps replica rank -> max length
-(`PolymorphUserConfig.assignment`); ranks it does not name run the longest runtime.
+(`PolymorphAssignmentParams.assignment`); ranks it does not name run the longest runtime.
 
 * execution ``packed`` (default) composes polymorphing with ConcatBatching (TCB §4.1): the replica's runtime is a
   `PackedStaticRuntime` of the same fixed shape [batch_size rows, max length L], and requests that wait for the
@@ -16,8 +16,9 @@ Which runtime a replica runs is data: the deployment's `user_config` maps replic
   already running finish on the old one and none is dropped; a request longer than the current runtime (routed
   on stale information during a swap) runs on the dynamic-shape path instead of failing.
 
-`allocation_update` turns a runtime allocation (instances per max length) into the declarative update — replica
-count and user_config — that changes the fewest replicas (placement.arlo.instance_replacement.rank_assignment).
+The deployment's `user_config` shape, the spec's policy params and the allocation update that changes the fewest
+replicas live in `rayserve_apps/contracts.py` (the controller writes them too); the builder binds the deployment with
+its router (`rayserve_apps.app.bind_polymorph_model`).
 """
 
 from __future__ import annotations
@@ -25,51 +26,25 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+import torch
 from ray import serve
 
-from models.text_encoder import load_text_encoder
 from models.runtimes.static_runtime import DynamicRuntime, PackedStaticRuntime, StaticRuntime
-from placement.arlo.autoscaling import AutoscalingParams
-from placement.arlo.instance_replacement import rank_assignment
-from placement.arlo.runtime_allocation import ARLO_ALLOCATION_PERIOD_S
-from placement.core.deployment_spec import DeploymentSpec, ModelSpec
+from models.text_encoder import load_text_encoder
+from placement.core.deployment_spec import ModelSpec
 from rayserve_apps._threads import set_torch_threads_for
+from rayserve_apps.contracts import (
+    STATS_CAPACITY,
+    STATS_EXECUTION,
+    STATS_MAX_LENGTH,
+    STATS_OUTSTANDING,
+    PolymorphAssignmentParams,
+    PolymorphRuntimeParams,
+)
 
 logger = logging.getLogger("ray.serve")
-
-#: Keys of the replica metadata and routing stats that PolymorphRouter reads.
-KEY_MAX_LENGTH = "max_length_tokens"
-KEY_CAPACITY = "capacity_requests"
-KEY_OUTSTANDING = "outstanding_requests"
-KEY_EXECUTION = "execution"
-#: How a runtime instance executes its fixed shape: ConcatBatching rows (TCB §4.1) or one padded text per row (Arlo).
-Execution = Literal["packed", "padded"]
-#: Serve's cap on requests in a replica; Arlo's own congestion threshold decides long before it is reached.
-DEFAULT_MAX_ONGOING_REQUESTS = 64
-
-
-class PolymorphUserConfig(BaseModel):
-    """The live allocation: which runtime each replica rank runs."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    assignment: dict[int, int] = Field(default_factory=dict, description="Replica rank -> runtime max length in tokens.")
-    version: int = Field(default=0, ge=0, description="Allocation version, increasing with every update.")
-
-
-class PolymorphRuntimeParams(BaseModel):
-    """What every replica of the deployment shares."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    capacities: dict[int, int] = Field(description="Runtime max length in tokens -> capacity within the SLO (Arlo M_i), in requests.")
-    batch_size: int = Field(default=1, ge=1, description="Batch size (rows) each static runtime is compiled for (Arlo: small, fixed).")
-    backend: str = Field(default="trace", pattern="^(eager|trace|compile)$", description="Static compilation backend.")
-    execution: Execution = Field(default="packed", description="packed: ConcatBatching rows of the runtime's length "
-                                                               "(TCB §4.1); padded: one text per row padded to it (Arlo).")
 
 
 @dataclass
@@ -108,14 +83,14 @@ class PolymorphRuntimeDeployment:
 
     # --- allocation -------------------------------------------------------------------------------------------
     @staticmethod
-    def _initial_user_config() -> PolymorphUserConfig:
+    def _initial_user_config() -> PolymorphAssignmentParams:
         try:  # the first reconfigure runs after the metadata is captured, so read the config here
             raw = serve.get_replica_context()._deployment_config.user_config
         except Exception:  # pragma: no cover - outside a replica
             raw = None
-        return PolymorphUserConfig.model_validate(raw or {})
+        return PolymorphAssignmentParams.model_validate(raw or {})
 
-    def _assigned_length(self, config: PolymorphUserConfig, rank: int) -> int:
+    def _assigned_length(self, config: PolymorphAssignmentParams, rank: int) -> int:
         length = config.assignment.get(rank, self.longest)
         if length not in self.params.capacities:
             raise ValueError(f"user_config.assignment[{rank}]={length} is not a runtime (have {sorted(self.params.capacities)})")
@@ -127,7 +102,7 @@ class PolymorphRuntimeDeployment:
         return StaticRuntime(self.encoder, length, self.params.batch_size, backend=self.params.backend)  # type: ignore[arg-type]
 
     async def reconfigure(self, user_config: dict, rank: Any = None) -> None:
-        config = PolymorphUserConfig.model_validate(user_config or {})
+        config = PolymorphAssignmentParams.model_validate(user_config or {})
         length = self._assigned_length(config, int(rank.rank) if rank is not None else _current_rank())
         if length != self.runtime.max_length_tokens:
             logger.info("replica switches runtime %d -> %d (allocation v%d)", self.runtime.max_length_tokens, length, config.version)
@@ -136,14 +111,14 @@ class PolymorphRuntimeDeployment:
 
     # --- reports to the router --------------------------------------------------------------------------------
     def record_replica_metadata(self) -> dict:
-        return {KEY_MAX_LENGTH: self.runtime.max_length_tokens,
-                KEY_CAPACITY: self.params.capacities[self.runtime.max_length_tokens],
-                KEY_EXECUTION: self.params.execution}
+        return {STATS_MAX_LENGTH: self.runtime.max_length_tokens,
+                STATS_CAPACITY: self.params.capacities[self.runtime.max_length_tokens],
+                STATS_EXECUTION: self.params.execution}
 
     def record_routing_stats(self) -> dict:
-        return {KEY_MAX_LENGTH: self.runtime.max_length_tokens,
-                KEY_CAPACITY: self.params.capacities[self.runtime.max_length_tokens],
-                KEY_OUTSTANDING: self.outstanding}
+        return {STATS_MAX_LENGTH: self.runtime.max_length_tokens,
+                STATS_CAPACITY: self.params.capacities[self.runtime.max_length_tokens],
+                STATS_OUTSTANDING: self.outstanding}
 
     # --- serving ------------------------------------------------------------------------------------------------
     async def embed_token_ids(self, token_ids: list[list[int]]) -> list[list[float]]:
@@ -184,8 +159,6 @@ class PolymorphRuntimeDeployment:
 
     @staticmethod
     def _run_static(runtime: StaticRuntime, token_ids: list[list[int]]):
-        import torch
-
         chunks = [runtime.run_tokens(token_ids[k:k + runtime.batch_size]) for k in range(0, len(token_ids), runtime.batch_size)]
         return torch.cat(chunks)
 
@@ -243,92 +216,3 @@ class PolymorphRuntimeDeployment:
             out.append((result.embeddings[start:end], result.forward_passes, len(group)))
             start = end
         return out
-
-
-def allocation_update(previous_assignment: dict[int, int], counts: dict[int, int], version: int) -> tuple[int, dict]:
-    """(num_replicas, user_config) realising `counts` (max length -> instances) with the fewest replica changes."""
-    assignment = rank_assignment(previous_assignment, counts)
-    return len(assignment), PolymorphUserConfig(assignment=assignment, version=version).model_dump(mode="json")
-
-
-class PolymorphingPolicyParams(BaseModel):
-    """`policies: {polymorphing: {name: arlo, params: ...}}` of a text model in the deployment spec."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    capacities: dict[int, int] = Field(description="Runtime max length in tokens -> capacity within the SLO (Arlo M_i), in requests; "
-                                                   "from a measured RuntimeProfileSet (benchmarks/polymorphing.py) or set by hand.")
-    initial_counts: dict[int, int] | None = Field(default=None, description="Runtime max length -> replicas at start; default: one of each.")
-    batch_size: int = Field(default=1, ge=1, description="Batch size each static runtime is compiled for.")
-    backend: str = Field(default="trace", pattern="^(eager|trace|compile)$", description="Static compilation backend.")
-    execution: Execution = Field(default="packed", description="packed: ConcatBatching rows of the runtime's length "
-                                                               "(TCB §4.1); padded: one text per row padded to it (Arlo).")
-    threshold: float = Field(default=0.85, gt=0, description="Arlo Alg. 1 lambda.")
-    decay: float = Field(default=0.9, gt=0, le=1, description="Arlo Alg. 1 alpha.")
-    max_levels: int = Field(default=6, ge=1, description="Arlo Alg. 1 L.")
-    routing_stats_period_s: float = Field(default=1.0, gt=0, description="How often replicas report outstanding requests, in seconds.")
-    allocation_period_s: float = Field(default=ARLO_ALLOCATION_PERIOD_S, gt=0,
-                                       description="Seconds between runtime re-allocations (Arlo §5: 120 s; placement.arlo.live_allocator).")
-    autoscaling: dict[str, Any] | None = Field(
-        default=None, description="Arlo §4 target tracking applied by the controller: the fields of "
-                                  "placement.arlo.autoscaling.AutoscalingParams but slo_ms (the model's); null: a fixed replica count.")
-
-    def autoscaling_params(self, slo_ms: float) -> AutoscalingParams | None:
-        """The target-tracking parameters with the model's SLO (ValueError naming a bad field)."""
-        if self.autoscaling is None:
-            return None
-        if "slo_ms" in self.autoscaling:
-            raise ValueError("polymorphing.params.autoscaling.slo_ms: the SLO is the model's own slo_ms")
-        return AutoscalingParams.model_validate({**self.autoscaling, "slo_ms": slo_ms})
-
-
-def polymorphing_params(spec: DeploymentSpec, model: str) -> PolymorphingPolicyParams | None:
-    """The validated Arlo params of `model` (its own policy or the spec-wide one), or None when it has none;
-    ValueError naming the field for a policy plexserve cannot run."""
-    policy = spec.policy("polymorphing", model)
-    if policy is None:
-        return None
-    if spec.model(model).kind != "text" or policy.name != "arlo":
-        raise ValueError(f"models.{model}.policies.polymorphing: only 'arlo' for text models is available")
-    params = PolymorphingPolicyParams.model_validate(policy.params)
-    params.autoscaling_params(spec.model(model).slo_ms)  # a bad autoscaling field fails here, before deploying
-    return params
-
-
-def bind_polymorph_model(model: ModelSpec, params: dict, deployment_name: str, assignment: dict[int, int] | None = None,
-                         version: int = 0, max_ongoing_requests: int = DEFAULT_MAX_ONGOING_REQUESTS):
-    """The bound Serve application of one polymorphing text model (for the app builder).
-
-    `assignment` (replica rank -> max length, from `allocation_update`) replaces `initial_counts`; re-running
-    `serve.run` with a new assignment and version is the declarative allocation update.
-    """
-    from ray.serve.config import RequestRouterConfig
-
-    from rayserve_apps.polymorph_router import PolymorphRouter
-
-    policy = PolymorphingPolicyParams.model_validate(params)
-    policy.autoscaling_params(model.slo_ms)  # a bad autoscaling field fails here, before deploying
-    counts = policy.initial_counts or {length: 1 for length in policy.capacities}
-    unknown = set(counts) - set(policy.capacities)
-    if unknown:
-        raise ValueError(f"initial_counts names runtimes without a capacity: {sorted(unknown)}")
-    if assignment is not None:
-        unknown |= set(assignment.values()) - set(policy.capacities)
-        if unknown:
-            raise ValueError(f"assignment names runtimes without a capacity: {sorted(unknown)}")
-        num_replicas = len(assignment)
-        user_config = PolymorphUserConfig(assignment=assignment, version=version).model_dump(mode="json")
-    else:
-        num_replicas, user_config = allocation_update({}, counts, version=version)
-    return PolymorphRuntimeDeployment.options(
-        name=deployment_name,
-        num_replicas=num_replicas,
-        max_ongoing_requests=max_ongoing_requests,
-        ray_actor_options={"num_cpus": model.num_cpus_per_replica},
-        user_config=user_config,
-        request_router_config=RequestRouterConfig(
-            request_router_class=PolymorphRouter,
-            request_router_kwargs={"threshold": policy.threshold, "decay": policy.decay, "max_levels": policy.max_levels},
-            request_routing_stats_period_s=policy.routing_stats_period_s),
-    ).bind(model.model_dump(mode="json"), {"capacities": policy.capacities, "batch_size": policy.batch_size,
-                                           "backend": policy.backend, "execution": policy.execution})

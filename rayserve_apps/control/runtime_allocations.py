@@ -2,7 +2,7 @@
 
 A text model served with `policies.polymorphing: {name: arlo}` outside any group is one deployment `model-<name>`
 whose replicas run static-shape runtimes; its user_config maps replica rank -> runtime max length
-(`PolymorphUserConfig`). Every controller period, `RuntimeAllocations.decide` hands each such model's
+(`PolymorphAssignmentParams`). Every controller period, `RuntimeAllocations.decide` hands each such model's
 `placement.arlo.live_allocator.LiveRuntimeAllocator` the input lengths the ingress reported over the model's last allocation
 period (Arlo §5: 120 s, `allocation_period_s`); once per period the allocator re-solves Eq. 1-7 for the model's
 current number of replicas and returns the fewest ranks to switch. The controller applies a changed allocation as the
@@ -25,13 +25,16 @@ from typing import Any, Iterable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from placement.arlo.live_allocator import AllocationDecision, LiveRuntimeAllocator, apply_scaling
 from placement.arlo.autoscaling import TargetTrackingAutoscaler
+from placement.arlo.live_allocator import AllocationDecision, LiveRuntimeAllocator, apply_scaling
 from placement.core.deployment_spec import DeploymentSpec
 from placement.core.traffic_window import RequestRecord
-from rayserve_apps.app import model_deployment_name
-from rayserve_apps.polymorph_runtime_deployment import PolymorphUserConfig, allocation_update, polymorphing_params
-
+from rayserve_apps.contracts import (
+    PolymorphAssignmentParams,
+    allocation_update,
+    model_deployment_name,
+    polymorphing_params,
+)
 
 #: Latencies kept per model between two autoscaling checks (older ones are dropped first).
 MAX_PENDING_LATENCIES = 100_000
@@ -46,7 +49,7 @@ class ScalingUpdate(BaseModel):
     p98_s: float = Field(description="p98 latency of the requests answered since the last check, in seconds.")
     previous_num_replicas: int = Field(description="Replicas before the action.")
     num_replicas: int = Field(description="Serve num_replicas after the action.")
-    user_config: dict[str, Any] = Field(description="Serve user_config: PolymorphUserConfig as JSON (assignment, version).")
+    user_config: dict[str, Any] = Field(description="Serve user_config: PolymorphAssignmentParams as JSON (assignment, version).")
 
 
 class RuntimeAllocations:
@@ -54,7 +57,7 @@ class RuntimeAllocations:
 
     def __init__(self, spec: DeploymentSpec, start_s: float):
         self.allocators: dict[str, LiveRuntimeAllocator] = {}
-        self.running: dict[str, PolymorphUserConfig] = {}
+        self.running: dict[str, PolymorphAssignmentParams] = {}
         self.autoscalers: dict[str, TargetTrackingAutoscaler] = {}
         self._latencies_s: dict[str, deque[float]] = {}
         for name in spec.polymorphing_models():
@@ -66,7 +69,7 @@ class RuntimeAllocations:
                 self._latencies_s[name] = deque(maxlen=MAX_PENDING_LATENCIES)
             counts = policy.initial_counts or {length: 1 for length in policy.capacities}
             num_replicas, user_config = allocation_update({}, counts, version=0)  # what the app builder deploys
-            self.running[name] = PolymorphUserConfig.model_validate(user_config)
+            self.running[name] = PolymorphAssignmentParams.model_validate(user_config)
             self.allocators[name] = LiveRuntimeAllocator.from_policy_params(
                 policy.model_dump(), slo_s=spec.model(name).slo_ms / 1000.0, num_instances=num_replicas, model=name, start_s=start_s)
         #: Seconds of request records the controller keeps for the allocators (their longest period).
@@ -84,7 +87,7 @@ class RuntimeAllocations:
             override = by_name.get(model_deployment_name(name))
             if override is None or not override.get("user_config"):
                 continue
-            self.running[name] = PolymorphUserConfig.model_validate(override["user_config"])
+            self.running[name] = PolymorphAssignmentParams.model_validate(override["user_config"])
             self.allocators[name].version = self.running[name].version
             adopted.append(name)
         return adopted
@@ -92,7 +95,7 @@ class RuntimeAllocations:
     def overrides(self, pending: dict[str, AllocationDecision | ScalingUpdate] | None = None) -> list[dict[str, Any]]:
         """`deployments:` overrides that run the current allocations, or the `pending` ones for the models they name
         (written with every config apply)."""
-        configs = {**self.running, **{name: PolymorphUserConfig.model_validate(d.user_config) for name, d in (pending or {}).items()}}
+        configs = {**self.running, **{name: PolymorphAssignmentParams.model_validate(d.user_config) for name, d in (pending or {}).items()}}
         return [{"name": model_deployment_name(name), "num_replicas": len(config.assignment),
                  "user_config": config.model_dump(mode="json")} for name, config in configs.items()]
 
@@ -134,13 +137,13 @@ class RuntimeAllocations:
             updates[name] = ScalingUpdate(
                 action=decision.action, p98_s=decision.p98_s or 0.0, previous_num_replicas=len(running.assignment),
                 num_replicas=len(assignment),
-                user_config=PolymorphUserConfig(assignment=assignment, version=running.version + 1).model_dump(mode="json"))
+                user_config=PolymorphAssignmentParams(assignment=assignment, version=running.version + 1).model_dump(mode="json"))
         return updates
 
     def commit(self, decisions: dict[str, AllocationDecision | ScalingUpdate]) -> None:
         """Record applied decisions (allocations or scaling updates) as the running allocations."""
         for name, decision in decisions.items():
-            self.running[name] = PolymorphUserConfig.model_validate(decision.user_config)
+            self.running[name] = PolymorphAssignmentParams.model_validate(decision.user_config)
 
     def state(self) -> dict[str, Any]:
         return {name: config.model_dump(mode="json") for name, config in self.running.items()}

@@ -35,18 +35,18 @@ from typing import Any
 
 from ray import serve
 
-from placement.arlo.live_allocator import AllocationDecision
 from placement.alpaserve.deployment_planning import replan_policy
+from placement.alpaserve.placement_rollout import Rollout, SlotLayout, plan_rollout, transition_routes
+from placement.arlo.live_allocator import AllocationDecision
+from placement.core.deployment_spec import DeploymentSpec, parse_spec
 from placement.core.placement_plan import GroupPlacement, Placement
 from placement.core.profiles import ParallelConfig
-from placement.alpaserve.placement_rollout import Rollout, SlotLayout, plan_rollout, transition_routes
-from placement.core.deployment_spec import DeploymentSpec, parse_spec
 from placement.core.traffic_window import RequestRecord, TrafficWindow, detect_rate_shifts
 from rayserve_apps import metrics
-from rayserve_apps.app import APP_NAME, INGRESS_DEPLOYMENT, group_deployment_name, initial_layout
-from rayserve_apps.decision_log import DecisionLog
-from rayserve_apps.live_update import apply_overrides, deployed_overrides, layout_overrides
-from rayserve_apps.runtime_allocations import RuntimeAllocations, ScalingUpdate
+from rayserve_apps.contracts import APP_NAME, INGRESS_DEPLOYMENT, group_deployment_name, initial_layout
+from rayserve_apps.control.decision_log import DecisionLog
+from rayserve_apps.control.live_update import apply_overrides, deployed_overrides, layout_overrides
+from rayserve_apps.control.runtime_allocations import RuntimeAllocations, ScalingUpdate
 
 logger = logging.getLogger("ray.serve")
 
