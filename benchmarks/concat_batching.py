@@ -169,27 +169,31 @@ class LatencyModel:
 
     def __call__(self, decision: BatchDecision) -> float:
         bins = decision.bins()
-        width = max(sum(r.length_tokens for r in b) for b in bins)
+        return self.rows_s(len(bins), max(sum(r.length_tokens for r in b) for b in bins))
+
+    def rows_s(self, rows: int, width: int) -> float:
+        """Seconds of one pass over `rows` rows of `width` tokens (the measured width at or above it)."""
         key = min((w for w in self.seconds_per_token if w >= width), default=max(self.seconds_per_token))
-        return self.seconds_per_token[key] * len(bins) * width
+        return self.seconds_per_token[key] * rows * width
 
 
 def measure_latency_model(encoder, repeats: int, granularity_tokens: int) -> LatencyModel:
     """Time full batches of LATENCY_BATCH_TOKENS tokens cut into rows of each width on the grid."""
     packed = PackedTextEncoder(encoder)
-    per_token = {}
+    batches = {}
     for width in range(granularity_tokens, ROW_LENGTH_TOKENS + 1, granularity_tokens):
         rows = max(1, LATENCY_BATCH_TOKENS // width)
         lengths = [width // 2, width - width // 2] * rows  # two requests per row, every row full
         ids = [[101] + [FIRST_WORD_ID] * (n - 2) + [102] if n >= 2 else [101] for n in lengths]
-        batch = packed.pack(ids, width)
-        packed.forward_packed(batch)
-        samples = []
-        for _ in range(repeats):
+        batches[width] = packed.pack(ids, width)
+        packed.forward_packed(batches[width])
+    best = {width: math.inf for width in batches}
+    for _ in range(repeats):  # widths interleaved in every repeat: a neighbour's burst cannot hit one width only
+        for width, batch in batches.items():
             start = time.perf_counter()
             packed.forward_packed(batch)
-            samples.append(time.perf_counter() - start)
-        per_token[width] = min(samples) / batch.computed_tokens
+            best[width] = min(best[width], time.perf_counter() - start)
+    per_token = {width: best[width] / batch.computed_tokens for width, batch in batches.items()}
     log.info("latency model: %s", {w: f"{1e6 * s:.1f}us/token" for w, s in per_token.items()})
     return LatencyModel(per_token)
 

@@ -46,7 +46,14 @@ from placement.otas.adaptive_batching import AdaptiveBatchingParams
 from placement.otas.baselines import FixedGammaAllocator, ModelSwitchingAllocator
 from placement.otas.profile import OtasProfile
 from placement.otas.replica_scheduler import OUTCOMES, OtasScheduler
-from placement.otas.simulation import QueryType, bursty_rates, fluctuating_poisson_trace, fluctuating_rates, simulate
+from placement.otas.simulation import (
+    Grader,
+    QueryType,
+    bursty_rates,
+    fluctuating_poisson_trace,
+    fluctuating_rates,
+    simulate,
+)
 from placement.otas.token_allocation import OtasTokenAllocator, TokenAllocationParams
 
 PAPER_TIGHT_SLO_S = 0.6  # OTAS Table II
@@ -92,13 +99,19 @@ def query_types(tasks: list[str], tight_s: float, loose_s: float) -> list[QueryT
     return types
 
 
-def policies(profile: OtasProfile, scale: float) -> dict:
-    """name -> factory of a fresh scheduler (policies keep state)."""
+def policies(profile: OtasProfile, scale: float, labels_per_cell: int | None = DP_LABELS_PER_CELL,
+             paper_preset: bool = False) -> dict:
+    """name -> factory of a fresh scheduler (policies keep state). With `paper_preset`, also 'otas_paper': Alg. 2
+    with one label per cell (`TokenAllocationParams.paper`)."""
     batching = AdaptiveBatchingParams(delta_s=PAPER_DELTA_S * scale, epsilon=BATCH_CAP, eta_s=PAPER_ETA_S * scale, mu=0.8)
     window = PAPER_SEGMENT_S * scale
     otas_params = TokenAllocationParams(gamma_list=profile.gamma_list, initial_stage_s=PAPER_INITIAL_STAGE_S * scale,
-                                        rate_window_s=window, max_labels_per_cell=DP_LABELS_PER_CELL)
+                                        rate_window_s=window, max_labels_per_cell=labels_per_cell)
     factories = {"otas": lambda: OtasScheduler(OtasTokenAllocator(profile, otas_params, BATCH_CAP), batching, 0.0, window)}
+    if paper_preset:
+        paper_params = TokenAllocationParams.paper(**otas_params.model_dump(exclude={"max_labels_per_cell"}))
+        factories["otas_paper"] = lambda: OtasScheduler(OtasTokenAllocator(profile, paper_params, BATCH_CAP), batching,
+                                                        0.0, window)
     for gamma in profile.gamma_list:
         factories[f"fixed_{gamma:+d}"] = (lambda g: lambda: OtasScheduler(FixedGammaAllocator(profile, g), batching, 0.0, window))(gamma)
     variants = [min(profile.gamma_list), 0, max(profile.gamma_list)]
@@ -107,15 +120,34 @@ def policies(profile: OtasProfile, scale: float) -> dict:
     return factories
 
 
-def run_trace(name: str, rates: list[float], types: list[QueryType], seeds: list[int], profile: OtasProfile, scale: float, log) -> dict:
+def workload_setup(profile: OtasProfile, task_ids: list[str], quick: bool) -> tuple[float, list[QueryType], dict]:
+    """The time scale k, the query types (Table II) and the two traces' rates per unscaled second (in units of the
+    capacity at gamma 0, batch BATCH_CAP), as the module docstring describes."""
+    batch_latency_s = profile.batch_latency_s(0, BATCH_CAP)
+    capacity_rps = profile.throughput_rps(0, BATCH_CAP)
+    tight_s = TIGHT_SLO_IN_BATCH_LATENCIES * batch_latency_s
+    scale = tight_s / PAPER_TIGHT_SLO_S
+    types = query_types(task_ids, tight_s, PAPER_LOOSE_SLO_S * scale)
+    segments = QUICK_SEGMENTS if quick else FULL_SEGMENTS
+    traces = {
+        "fluctuating": [r * capacity_rps for r in fluctuating_rates(segments, *FLUCTUATING_RANGE, seed=7)],
+        "bursty": [r * capacity_rps for r in bursty_rates(segments, BURSTY_BASE, BURSTY_PEAK, BURSTY_PROBABILITY, seed=8)],
+    }
+    return scale, types, traces
+
+
+def run_trace(name: str, rates: list[float], types: list[QueryType], seeds: list[int], profile: OtasProfile, scale: float, log,
+              factories: dict | None = None, grade: Grader | None = None) -> dict:
+    """Every policy of `factories` (default: `policies(profile, scale)`) on the trace of each seed; `grade` decides
+    correctness (default: the profile's accuracy, see `placement.otas.simulation.simulate`)."""
     totals: dict[str, dict] = {}
     for seed in seeds:
         # The traces are generated per unscaled second, then stretched to the scaled time axis.
         trace = fluctuating_poisson_trace([r * scale for r in rates], types, seed=seed)
         trace = [type(q)(q.arrival_s * scale, q.query_type, q.draw) for q in trace]
-        for policy, factory in policies(profile, scale).items():
+        for policy, factory in (factories or policies(profile, scale)).items():
             started = time.perf_counter()
-            result = simulate(trace, factory(), profile)
+            result = simulate(trace, factory(), profile, grade)
             entry = totals.setdefault(policy, {"utility": 0.0, "max_utility": 0.0, "queries": 0,
                                                "counts": {o: 0 for o in OUTCOMES}, "gamma_counts": {}, "batch_sizes": []})
             entry["utility"] += result.ledger.utility
@@ -184,21 +216,11 @@ def main() -> None:
     profile = measure_profile(registry, args.artifacts, args.quick, log)
     merged, plain = min(profile.gamma_list), 0
     merge_speedup = profile.throughput_rps(merged, BATCH_CAP) / profile.throughput_rps(plain, BATCH_CAP)
-    batch_latency_s = profile.batch_latency_s(plain, BATCH_CAP)
     capacity_rps = profile.throughput_rps(plain, BATCH_CAP)
-    tight_s = TIGHT_SLO_IN_BATCH_LATENCIES * batch_latency_s
-    scale = tight_s / PAPER_TIGHT_SLO_S
+    scale, types, traces = workload_setup(profile, registry.task_ids, args.quick)
     log.info("merge speed-up at batch %d: %.2fx; capacity at gamma 0: %.0f req/s; time scale k = %.3f",
              BATCH_CAP, merge_speedup, capacity_rps, scale)
-    types = query_types(registry.task_ids, tight_s, PAPER_LOOSE_SLO_S * scale)
-    segments = QUICK_SEGMENTS if args.quick else FULL_SEGMENTS
     seeds = QUICK_SEEDS if args.quick else FULL_SEEDS
-    # Rates per unscaled second in units of the capacity per unscaled second (capacity * scale queries per second).
-    unit = capacity_rps
-    traces = {
-        "fluctuating": [r * unit for r in fluctuating_rates(segments, *FLUCTUATING_RANGE, seed=7)],
-        "bursty": [r * unit for r in bursty_rates(segments, BURSTY_BASE, BURSTY_PEAK, BURSTY_PROBABILITY, seed=8)],
-    }
     results = {name: run_trace(name, rates, types, seeds, profile, scale, log) for name, rates in traces.items()}
     png = out_dir() / "token_adaptation.png"
     plot(results, png)

@@ -31,12 +31,14 @@ from rayserve_apps.contracts import (
     allocation_update,
     group_bundles_for,
     group_deployment_name,
+    group_max_ongoing_requests,
     group_max_queued_requests,
     group_user_config,
     ingress_user_config,
     initial_layout,
     model_deployment_name,
     polymorphing_params,
+    vision_max_ongoing_requests,
 )
 from rayserve_apps.control.cluster_fit import check_placement_fits
 from rayserve_apps.control.controller import PlacementController
@@ -45,7 +47,7 @@ from rayserve_apps.ingress.deployment import Ingress
 from rayserve_apps.replicas.group import GroupReplica
 from rayserve_apps.replicas.polymorph import PolymorphRuntimeDeployment
 from rayserve_apps.replicas.text import TextModelDeployment
-from rayserve_apps.replicas.vision import VisionModelDeployment, vision_max_ongoing_requests
+from rayserve_apps.replicas.vision import VisionModelDeployment
 from rayserve_apps.routers.model_aware import ModelAwareRouter
 from rayserve_apps.routers.polymorph import PolymorphRouter
 
@@ -82,6 +84,7 @@ def _bind_group(spec: DeploymentSpec, index: int, group: GroupPlacement | None, 
         name=group_deployment_name(index),
         num_replicas=1,
         max_queued_requests=group_max_queued_requests(spec, group),
+        max_ongoing_requests=group_max_ongoing_requests(spec, group.models if group is not None else []),
         ray_actor_options=replica_actor_options(GROUP_REPLICA_NUM_CPUS),
         placement_group_bundles=group_bundles_for(spec, group),
         # A group's stages exchange activations every request: keep all its devices on one node.

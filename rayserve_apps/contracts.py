@@ -25,7 +25,7 @@ from placement.arlo.autoscaling import AutoscalingParams
 from placement.arlo.instance_replacement import rank_assignment
 from placement.arlo.request_scheduler import ARLO_ALPHA, ARLO_LAMBDA, ARLO_MAX_LEVELS
 from placement.arlo.runtime_allocation import ARLO_ALLOCATION_PERIOD_S
-from placement.core.deployment_spec import DeploymentSpec
+from placement.core.deployment_spec import DeploymentSpec, ModelSpec
 from placement.core.placement_plan import GroupPlacement
 from placement.core.profiles import ParallelConfig, ProfileSet
 
@@ -173,6 +173,38 @@ def group_max_queued_requests(spec: DeploymentSpec, group: GroupPlacement | None
     bound) for an empty slot, which is never routed to."""
     models = group.models if group is not None else []
     return sum(spec.model(name).max_queued_requests for name in models) if models else -1
+
+
+# ---- requests a replica runs at once (`max_ongoing_requests`) -------------------------------------------------------
+
+#: Serve's own default, kept where nothing asks for more.
+SERVE_DEFAULT_MAX_ONGOING_REQUESTS = 5
+#: The policy role that turns a vision model into an OTAS token-adaptation model.
+TOKEN_ADAPTATION_ROLE = "token_adaptation"
+#: A plain ViT replica admits this many batches' worth of requests (one running, one filling), so that batches can
+#: reach `max_batch_size` (Serve's default of 5 ongoing requests would cap them at 5); the rest queue at the caller.
+VISION_BATCHES_ADMITTED = 2
+#: A token-adaptation model admits this many: OTAS chooses each batch's gamma from the whole queue and evicts the
+#: queries that can no longer meet their deadline, so its queue belongs in the replica.
+OTAS_MAX_ONGOING_REQUESTS = 256
+#: Text calls from the ingress carry batches of requests; at most this many are on their way per model and
+#: destination (`ingress/forwarding.py`).
+TEXT_CALLS_IN_FLIGHT = 2
+
+
+def vision_max_ongoing_requests(model: ModelSpec) -> int:
+    """Requests a vision model's replica (or its share of a group replica) runs at once."""
+    if model.policies.get(TOKEN_ADAPTATION_ROLE) is not None:
+        return OTAS_MAX_ONGOING_REQUESTS
+    return VISION_BATCHES_ADMITTED * model.max_batch_size
+
+
+def group_max_ongoing_requests(spec: DeploymentSpec, models: list[str]) -> int:
+    """Requests a group slot's replica runs at once: each vision model's share and each text model's calls in
+    flight, at least Serve's default."""
+    shares = [vision_max_ongoing_requests(spec.model(m)) if spec.model(m).kind == "vision" else TEXT_CALLS_IN_FLIGHT
+              for m in models]
+    return max(SERVE_DEFAULT_MAX_ONGOING_REQUESTS, sum(shares))
 
 
 # ---- polymorphing models (Arlo) ------------------------------------------------------------------------------------

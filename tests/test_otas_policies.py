@@ -19,6 +19,7 @@ from placement.otas.profile import OtasProfile
 from placement.otas.replica_scheduler import OtasScheduler
 from placement.otas.simulation import QueryType, fluctuating_poisson_trace, fluctuating_rates, simulate
 from placement.otas.token_allocation import (
+    BatchEstimate,
     OtasTokenAllocator,
     RateToGamma,
     TokenAllocationParams,
@@ -260,3 +261,39 @@ def test_simulation_accounts_every_query_and_otas_beats_fixed_plain_under_overlo
         assert result.ledger.total == len(trace)
         results[name] = result.ledger.utility
     assert results["otas"] > results["fixed0"]
+
+
+def test_paper_single_label_dp_returns_the_hand_solved_paper_optimum():
+    """OTAS Alg. 2 as published keeps one label per cell, the highest utility. Hand case: gammas 'fast' (1 s,
+    utility 1) and 'slow' (2.5 s, utility 1.5); batches A, B, C due at 2.6, 3.6 and 3.7 s. Row B's 'fast' cell keeps
+    (clock 3.5, utility 2.5) from A slow + B fast over (2.0, 2.0) from A fast + B fast, so C (1 s more) no longer
+    fits after it: the paper's DP returns 2.5, while A, B, C all fast earn 3 (the Pareto labels find it)."""
+    fast, slow = 0, 4
+    table = {fast: BatchEstimate(1.0, 1.0), slow: BatchEstimate(2.5, 1.5)}
+    batches = [OtasBatch([request(slo=deadline)]) for deadline in (2.6, 3.6, 3.7)]
+    params = TokenAllocationParams.paper(gamma_list=[fast, slow])
+    assert params.max_labels_per_cell == 1
+    paper = allocate_dp(batches, 0.0, params.gamma_list, lambda batch, gamma: table[gamma], params.max_labels_per_cell)
+    assert paper.expected_utility == pytest.approx(2.5)
+    assert paper.gammas[2] is None and slow in paper.gammas  # C left out after a slow prefix
+    exact = allocate_dp(batches, 0.0, params.gamma_list, lambda batch, gamma: table[gamma], None)
+    assert exact.expected_utility == pytest.approx(3.0) and exact.gammas == [fast, fast, fast]
+
+
+def test_simulation_grades_with_the_given_grader_instead_of_the_profile():
+    """Held-out grading: correctness comes from the grader (here: only gamma 0 answers right), not the profile."""
+    profile = make_profile(0)
+    types = [QueryType("easy", 0.5, 1.0)]
+    trace = fluctuating_poisson_trace([0.3 * profile.throughput_rps(0, 8)] * 2, types, seed=3)
+    seen = []
+
+    def grade(query, task_id, gamma):
+        seen.append(gamma)
+        return gamma == 0
+
+    for gamma in (0, -8):
+        scheduler = OtasScheduler(FixedGammaAllocator(profile, gamma), AdaptiveBatchingParams(epsilon=8, delta_s=0.05, eta_s=0.05))
+        result = simulate(trace, scheduler, profile, grade)
+        counts = result.ledger.counts
+        assert counts["correct" if gamma == 0 else "wrong"] == len(trace) - counts["late"] - counts["evicted"] > 0
+    assert set(seen) == {0, -8}

@@ -88,3 +88,31 @@ def test_periodic_allocator_waits_for_its_period():
     assert result is not None and sum(result.instances) == 10
     assert result.instances == [9, 0, 0, 0, 0, 0, 0, 1]  # Eq. 7 keeps one 512; the rest serve the short traffic
     assert allocator.maybe_reallocate(130.0, 10) is None
+
+
+def test_paper_objective_reads_the_profiled_table_and_matches_a_hand_solved_case():
+    """Arlo §3.4 Eq. 1 as published: L_i(B) is the profiled latency table (batch size -> latency) read at B.
+    Two batch-1 runtimes of 1 ms and 2 ms, SLO 100 ms (M = 100 and 50), Q = (60, 20) requests per SLO period, 3
+    devices. By hand: N = (0, 3) costs 80 x 2 ms x 80/3 = 4.27 s; (1, 2): 60 x 60 ms + 20 x 20 ms = 4.0 s;
+    (2, 1): 60 x 30 ms + 20 x 40 ms = 2.6 s, the optimum."""
+    runtimes = [RuntimeProfile(max_length_tokens=length, batch_latency_s={1: seconds}, max_batch_size=1, slo_s=0.1)
+                for length, seconds in ((64, 0.001), (512, 0.002))]
+    profiles = RuntimeProfileSet(model="hand", source="hand-solved test case", runtimes=runtimes)
+    assert runtimes[0].profiled_latency_s(30.0) == pytest.approx(0.030)
+    paper = solve_allocation(profiles, [60.0, 20.0], 3, objective="paper")
+    assert paper.instances == [2, 1]
+    assert paper.total_latency_s == pytest.approx(2.6)
+    assert evaluate_allocation(profiles, [60.0, 20.0], [1, 2], "paper").total_latency_s == pytest.approx(4.0)
+    # The project default prices the same allocation by the M/D/1 wait instead: a different objective value.
+    assert solve_allocation(profiles, [60.0, 20.0], 3).total_latency_s < 1.0
+    with pytest.raises(ValueError, match="objective"):
+        solve_allocation(profiles, [60.0, 20.0], 3, objective="mean")
+
+
+def test_paper_objective_dp_matches_brute_force():
+    rng = np.random.default_rng(5)
+    for _ in range(60):
+        profiles, requests, devices = random_case(rng)
+        exact = solve_allocation(profiles, requests, devices, objective="paper")
+        brute = solve_allocation_brute_force(profiles, requests, devices, objective="paper")
+        assert exact.total_latency_s == pytest.approx(brute.total_latency_s, rel=1e-9, abs=1e-12)

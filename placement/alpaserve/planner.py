@@ -24,9 +24,9 @@ Beyond the paper (each a `PlannerConfig` field; issue 15 measured why, see bench
   size 3 at a tenth of its simulations;
 * a warm start: `plan(..., warm_start=running)` also scores the running placement and its groups re-selected.
 
-`screen_keep=0, uneven_partitions=False, stress_factors=(), one_bucket_candidate=False, lookahead=0,
-refine_simulations=0, fill_memory=False` is the paper's search (every equal partition x configuration planned in
-full, ranked by planning attainment). Further opt-in speed-ups for large cases:
+`PlannerConfig.paper()` is the paper's search (Alg. 1 greedy, every divisor group size x profiled configuration
+planned in full, ranked by planning attainment); `PlannerConfig()`, the project default, is the improved search
+above. benchmarks/paper_claims.py scores both on held-out traffic. Further opt-in speed-ups for large cases:
 several replicas per simulation in the full run too (`replicas_per_round`), and models ranked by unserved requests
 per weight byte (`fast_rank`).
 """
@@ -98,11 +98,20 @@ DEFAULT_STRESS_FACTORS = (1.25, 1.5)
 #: raw throughput, which the planning attainment already ranks (measured: 2x the test case's rate on 2.7B models,
 #: the replays preferred a partition that served 0.003 less of the held-out traffic).
 STRESS_MIN_ATTAINMENT = 0.99
+#: How Alg. 2 enumerates group sizes: powers of two (the project default, with two-size partitions beside them) or
+#: every divisor of the bucket's device count (the paper's equal groups with no remainder group).
+GROUP_SIZE_RULES = ("powers_of_two", "divisors")
+#: `PlannerConfig.paper()`: the largest group it enumerates (AlpaServe §6 uses groups of up to 32 GPUs for 104B
+#: models; sizes no model has a profile for yield no candidate).
+PAPER_MAX_GROUP_DEVICES = 64
+#: `PlannerConfig.paper()`: device splits kept after the discrepancy pruning (§4.2 prunes by discrepancy only).
+PAPER_MAX_DEVICE_SPLITS = 10**6
 
 
 @dataclass
 class PlannerConfig:
-    """Knobs of Algorithms 1 and 2."""
+    """Knobs of Algorithms 1 and 2. The defaults are the project's improved search (module docstring);
+    :meth:`paper` gives the search as published."""
 
     beam_size: int = 1  # AlpaServe Alg. 1: k (beam size)
     fast: bool = True  # the fast variant of Alg. 1: simulate once per placed replica (§4.2)
@@ -111,7 +120,8 @@ class PlannerConfig:
     fast_rank: str = "unserved"  # fast variant: 'unserved' (the paper) or 'unserved_per_byte' (knapsack-like)
     allow_model_parallelism: bool = True  # False: Selective Replication (single-device groups only)
     max_group_devices: int = DEFAULT_MAX_GROUP_DEVICES
-    group_sizes: tuple[int, ...] | None = None  # None: powers of two up to max_group_devices
+    group_sizes: tuple[int, ...] | None = None  # None: group_size_rule decides
+    group_size_rule: str = "powers_of_two"  # 'powers_of_two' up to max_group_devices, or 'divisors' of the devices
     bucket_latency_ratio: float = DEFAULT_BUCKET_LATENCY_RATIO
     bucket_gap_ratio: float = DEFAULT_BUCKET_GAP_RATIO
     max_buckets: int = DEFAULT_MAX_BUCKETS
@@ -131,9 +141,34 @@ class PlannerConfig:
     simulator: SimulatorConfig = field(default_factory=SimulatorConfig)
     name: str = "alpaserve"
 
+    @classmethod
+    def paper(cls, fast: bool = False, **overrides) -> "PlannerConfig":
+        """AlpaServe §4.2 as published: Alg. 1's simulator-guided greedy (beam size k = 1; `fast=True`: the
+        paper's own heuristic for large workloads, one simulation per replica, the model with the most unserved
+        requests to the least utilised group, stopping once every request is served) inside Alg. 2's enumeration:
+        every group size that divides the bucket's devices (so no remainder group is ever formed), every parallel
+        configuration profiled for that size, every device split that passes the paper's discrepancy pruning,
+        every candidate planned in full and ranked by planning attainment alone.
+
+        What the project default (`PlannerConfig()`) changes, each measured in benchmarks/planner_quality.py and
+        benchmarks/paper_claims.py: the fast variant with a look-ahead and a local search (`lookahead`,
+        `refine_simulations`), memory filled once every planning request is served (`fill_memory`), power-of-two
+        group sizes plus two-size partitions (`uneven_partitions`), cheap screening of candidates
+        (`screen_keep`, `combos_keep`), the all-in-one-bucket candidate and stress replays that break ties
+        (`stress_factors`)."""
+        settings = dict(beam_size=1, fast=fast, replicas_per_round=1, fast_rank="unserved",
+                        max_group_devices=PAPER_MAX_GROUP_DEVICES, group_sizes=None, group_size_rule="divisors",
+                        max_device_splits=PAPER_MAX_DEVICE_SPLITS, screen_keep=0, uneven_partitions=False,
+                        one_bucket_candidate=False, refine_simulations=0, lookahead=0, fill_memory=False,
+                        stress_factors=(), name="alpaserve-paper")
+        settings.update(overrides)
+        return cls(**settings)
+
     def __post_init__(self) -> None:
         if self.beam_size < 1:
             raise ValueError(f"beam_size={self.beam_size}: must be >= 1")
+        if self.group_size_rule not in GROUP_SIZE_RULES:
+            raise ValueError(f"group_size_rule={self.group_size_rule!r}: choose one of {GROUP_SIZE_RULES}")
         if self.fast_rank not in ("unserved", "unserved_per_byte"):
             raise ValueError(f"fast_rank={self.fast_rank!r}: choose 'unserved' or 'unserved_per_byte'")
         if self.max_group_devices < 1:
@@ -574,7 +609,12 @@ def group_partitions(num_devices: int, config: PlannerConfig) -> list[list[int]]
 
 
 def _group_sizes(num_devices: int, config: PlannerConfig) -> list[int]:
-    sizes = config.group_sizes or tuple(2**i for i in range(int(math.log2(config.max_group_devices)) + 1))
+    if config.group_sizes:
+        sizes = config.group_sizes
+    elif config.group_size_rule == "divisors":
+        sizes = tuple(s for s in range(1, num_devices + 1) if num_devices % s == 0)
+    else:
+        sizes = tuple(2**i for i in range(int(math.log2(config.max_group_devices)) + 1))
     return [s for s in sizes if s <= num_devices and s <= config.max_group_devices]
 
 
@@ -600,7 +640,9 @@ def uneven_partitions(num_devices: int, config: PlannerConfig) -> list[tuple[tup
 def parallel_configs(profiles: ProfileSet, models: Sequence[str], sizes: Sequence[int],
                      allow_model_parallelism: bool) -> list[list[ParallelConfig]]:
     """`get_potential_parallel_configs` (§4.2 pruning): one configuration shared by all equal groups; the last,
-    smaller group keeps the same intra-op degree when it divides its size (else pipeline only)."""
+    smaller group keeps the same intra-op degree when it divides its size and every model has a profile for it,
+    else pipeline only if profiled; a remainder group with neither profile is not formed (its devices stay idle:
+    a group no model can run on would host nothing). Each option lists (size, configuration) per formed group."""
     if not allow_model_parallelism:
         return [[ParallelConfig() for _ in sizes]]
     size = sizes[0]
@@ -609,7 +651,10 @@ def parallel_configs(profiles: ProfileSet, models: Sequence[str], sizes: Sequenc
         configs = [config] * sum(1 for s in sizes if s == size)
         for last in sizes[len(configs):]:
             op = config.intra_op_degree if last % config.intra_op_degree == 0 else 1
-            configs.append(ParallelConfig(intra_op_degree=op, pipeline_stages=last // op))
+            candidates = [ParallelConfig(intra_op_degree=op, pipeline_stages=last // op),
+                          ParallelConfig(intra_op_degree=1, pipeline_stages=last)]
+            profiled = [c for c in candidates if c in _common_configs(profiles, models, last)]
+            configs.append(profiled[0] if profiled else None)
         options.append(configs)
     return options
 
@@ -863,7 +908,7 @@ def _best_for_bucket(problem: _Problem, bucket: Sequence[str], devices: int,
 
 
 def _uniform_candidates(problem: _Problem, bucket: Sequence[str], devices: int) -> list:
-    return [list(zip(sizes, configs))
+    return [[(size, config) for size, config in zip(sizes, configs) if config is not None]
             for sizes in group_partitions(devices, problem.config)
             for configs in parallel_configs(problem.profiles, bucket, sizes, problem.config.allow_model_parallelism)]
 

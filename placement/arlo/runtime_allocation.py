@@ -33,7 +33,7 @@ from typing import Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from placement.arlo.runtimes import RHO_CAP, RuntimeProfileSet
+from placement.arlo.runtimes import RHO_CAP, RuntimeProfileSet, check_objective
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +68,10 @@ def allocation_lower_bounds(profiles: RuntimeProfileSet, requests_per_slo: Seque
 
 
 def evaluate_allocation(profiles: RuntimeProfileSet, requests_per_slo: Sequence[float],
-                        instances: Sequence[int]) -> RuntimeAllocation:
-    """Eq. 4-6 and the objective (Eq. 1) of one allocation, straight from the formulas (no feasibility check)."""
+                        instances: Sequence[int], objective: str = "queueing") -> RuntimeAllocation:
+    """Eq. 4-6 and the objective (Eq. 1) of one allocation, straight from the formulas (no feasibility check).
+    `objective`: L_i as 'queueing' (the project default) or 'paper' (the profiled table, §3.4)."""
+    check_objective(objective)
     served, overflow, loads = [], [], []
     carried = 0.0  # R_{i-1}
     total = 0.0
@@ -82,7 +84,7 @@ def evaluate_allocation(profiles: RuntimeProfileSet, requests_per_slo: Sequence[
         if c > 0:
             if n == 0:
                 raise ValueError(f"runtime {runtime.max_length_tokens} serves {c} requests with 0 instances")
-            total += runtime.mean_latency_s(b) * c
+            total += runtime.allocation_latency_s(b, objective) * c
         served.append(c)
         overflow.append(carried)
         loads.append(b)
@@ -102,7 +104,7 @@ def _check_inputs(profiles: RuntimeProfileSet, requests_per_slo: Sequence[float]
 
 
 def solve_allocation_brute_force(profiles: RuntimeProfileSet, requests_per_slo: Sequence[float],
-                                 num_devices: int) -> RuntimeAllocation:
+                                 num_devices: int, objective: str = "queueing") -> RuntimeAllocation:
     """Every N with sum G and N_i >= the Eq. 3/7 bounds; exponential, for tests on small cases."""
     bounds = _check_inputs(profiles, requests_per_slo, num_devices)
     slack = num_devices - sum(bounds)
@@ -112,7 +114,7 @@ def solve_allocation_brute_force(profiles: RuntimeProfileSet, requests_per_slo: 
             continue
         instances = [b + e for b, e in zip(bounds, extra)]
         instances.append(bounds[-1] + slack - sum(extra))
-        candidate = evaluate_allocation(profiles, requests_per_slo, instances)
+        candidate = evaluate_allocation(profiles, requests_per_slo, instances, objective)
         if best is None or candidate.total_latency_s < best.total_latency_s - _COST_EPSILON:
             best = candidate
     assert best is not None
@@ -144,23 +146,33 @@ def _pareto(devices: np.ndarray, overflow: np.ndarray, cost: np.ndarray) -> np.n
 
 
 class _LatencyCurve:
-    """L_i(B) of one runtime as a fast array function (the same formula as RuntimeProfile.mean_latency_s)."""
+    """L_i(B) of one runtime as a fast array function (the same formula as RuntimeProfile.mean_latency_s; with
+    objective 'paper', RuntimeProfile.profiled_latency_s)."""
 
-    def __init__(self, runtime) -> None:
+    def __init__(self, runtime, objective: str = "queueing") -> None:
+        self.runtime, self.objective = runtime, objective
         self.single = runtime.batch_latency(1)
         self.batch_s = runtime.batch_latency_s[runtime.max_batch_size]
         self.rho_per_load = self.batch_s / (runtime.slo_s * runtime.max_batch_size)
         self.slope = 1.0 / (2.0 * (1.0 - RHO_CAP) ** 2)
 
     def __call__(self, load: np.ndarray) -> np.ndarray:
+        if self.objective == "paper":
+            return self.runtime.profiled_latency_s(load)
         rho = load * self.rho_per_load
         capped = np.minimum(rho, RHO_CAP)
         return self.single + self.batch_s * (capped / (2.0 * (1.0 - capped)) + np.maximum(rho - RHO_CAP, 0.0) * self.slope)
 
 
 def solve_allocation(profiles: RuntimeProfileSet, requests_per_slo: Sequence[float],
-                     num_devices: int) -> RuntimeAllocation:
-    """Exact solution of Arlo Eq. 1-7 by Pareto dynamic programming (see the module docstring)."""
+                     num_devices: int, objective: str = "queueing") -> RuntimeAllocation:
+    """Exact solution of Arlo Eq. 1-7 by Pareto dynamic programming (see the module docstring).
+
+    `objective` chooses L_i in Eq. 1: 'queueing' (the project default: one request's latency plus the M/D/1 wait
+    at load B, :meth:`RuntimeProfile.mean_latency_s`, which prices instances near capacity M_i) or 'paper' (§3.4
+    as published: the profiled latency table read at B, :meth:`RuntimeProfile.profiled_latency_s`).
+    benchmarks/paper_claims.py scores both on a trace the allocation did not see."""
+    check_objective(objective)
     bounds = _check_inputs(profiles, requests_per_slo, num_devices)
     runtimes = profiles.runtimes
     last = len(runtimes) - 1
@@ -170,14 +182,14 @@ def solve_allocation(profiles: RuntimeProfileSet, requests_per_slo: Sequence[flo
     front = _Front(np.zeros(1, dtype=np.int64), np.zeros(1), np.zeros(1), np.full(1, -1), np.zeros(1, dtype=np.int64))
     for i in range(last):
         runtime, q, m = runtimes[i], float(requests_per_slo[i]), runtimes[i].capacity_requests
-        saturated_cost_per_instance = m * runtime.mean_latency_s(m) if m > 0 else 0.0
+        saturated_cost_per_instance = m * runtime.allocation_latency_s(m, objective) if m > 0 else 0.0
         n_max_total = num_devices - reserve_after[i]
         # Absorbing states (R = 0): for each device count the cheapest, found by a sliding minimum per state.
         absorb_cost = np.full(num_devices + 1, math.inf)
         absorb_parent = np.full(num_devices + 1, -1)
         absorb_choice = np.zeros(num_devices + 1, dtype=np.int64)
         sat_devices, sat_overflow, sat_cost, sat_parent, sat_choice = [], [], [], [], []
-        latency = _LatencyCurve(runtime)
+        latency = _LatencyCurve(runtime, objective)
         own_demand_cost = q * latency(q * inverse_n) if q > 0 else np.zeros(num_devices + 1)  # Q_i L_i(Q_i / n)
         for s in range(len(front.devices)):
             g, demand, c = int(front.devices[s]), float(front.overflow[s]) + q, float(front.cost[s])
@@ -228,7 +240,8 @@ def solve_allocation(profiles: RuntimeProfileSet, requests_per_slo: Sequence[flo
     n_last = num_devices - front.devices
     demand = front.overflow + q
     valid = n_last >= bounds[last]
-    total = np.where(valid, front.cost + demand * runtime.mean_latency_s(demand / np.maximum(n_last, 1)), math.inf)
+    total = np.where(valid, front.cost + demand * runtime.allocation_latency_s(demand / np.maximum(n_last, 1), objective),
+                     math.inf)
     best = int(np.argmin(total))
     instances = [int(n_last[best])]
     fronts.append(front)
@@ -237,7 +250,7 @@ def solve_allocation(profiles: RuntimeProfileSet, requests_per_slo: Sequence[flo
         instances.append(int(fronts[level].choice[state]))
         state = int(fronts[level].parent[state])
     instances.reverse()
-    return evaluate_allocation(profiles, requests_per_slo, instances)
+    return evaluate_allocation(profiles, requests_per_slo, instances, objective)
 
 
 class PeriodicAllocatorParams(BaseModel):

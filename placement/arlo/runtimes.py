@@ -116,8 +116,33 @@ class RuntimeProfile(BaseModel):
         return float(result) if result.ndim == 0 else result
 
 
+    def profiled_latency_s(self, load_requests):
+        """Arlo §3.4 as published: L_i(B) read from the profiled latency table (batch size -> latency) at B,
+        linearly interpolated between profiled sizes and continued along the last segment past the largest
+        (per sample for a one-size table); no queueing term. Non-decreasing in B. Accepts arrays."""
+        load = np.asarray(load_requests, dtype=float)
+        result = np.vectorize(lambda b: table_latency_s(self.batch_latency_s, b, beyond="last_slope", monotone=True),
+                              otypes=[float])(load)
+        return float(result) if result.ndim == 0 else result
+
+    def allocation_latency_s(self, load_requests, objective: str = "queueing"):
+        """L_i(B) of the allocation objective (Arlo Eq. 1): 'queueing' (the project default,
+        :meth:`mean_latency_s`) or 'paper' (:meth:`profiled_latency_s`)."""
+        check_objective(objective)
+        return self.mean_latency_s(load_requests) if objective == "queueing" else self.profiled_latency_s(load_requests)
+
+
 #: Utilisation beyond which the M/D/1 wait is continued linearly (it diverges at 1).
 RHO_CAP = 0.95
+#: L_i(B) of the allocation objective: the project's M/D/1-priced latency, or the paper's profiled table (§3.4).
+ALLOCATION_OBJECTIVES = ("queueing", "paper")
+
+
+def check_objective(objective: str) -> str:
+    """ValueError naming `objective` unless it is one of :data:`ALLOCATION_OBJECTIVES`."""
+    if objective not in ALLOCATION_OBJECTIVES:
+        raise ValueError(f"objective={objective!r}: choose one of {ALLOCATION_OBJECTIVES}")
+    return objective
 
 
 def queueing_latency_s(load, single_s: float, batch_s: float, batch_size: int, slo_s: float):

@@ -70,11 +70,11 @@ class SimulationResult:
 
 
 def _allocation_counts(scheme: str, profiles: RuntimeProfileSet, requests_per_slo: Sequence[float],
-                       num_devices: int) -> dict[int, int]:
+                       num_devices: int, objective: str = "queueing") -> dict[int, int]:
     if scheme == "infaas":
         return proportional_allocation(profiles, requests_per_slo, num_devices).counts()
     try:
-        return solve_allocation(profiles, requests_per_slo, num_devices).counts()
+        return solve_allocation(profiles, requests_per_slo, num_devices, objective).counts()
     except ValueError:  # more load than Eq. 3 allows: keep serving with the demand-proportional split
         return proportional_allocation(profiles, requests_per_slo, num_devices).counts()
 
@@ -82,8 +82,9 @@ def _allocation_counts(scheme: str, profiles: RuntimeProfileSet, requests_per_sl
 def simulate(scheme: str, profiles: RuntimeProfileSet, arrivals_s: np.ndarray, lengths_tokens: np.ndarray,
              num_devices: int, initial_lengths_tokens: np.ndarray | None = None, period_s: float = 120.0,
              dynamic_latency_s: Callable[[int], float] | None = None, overhead_s: float = ARLO_OVERHEAD_S,
-             dispatch_kwargs: dict | None = None) -> SimulationResult:
-    """Latency of every request of a trace under one scheme."""
+             dispatch_kwargs: dict | None = None, allocation_objective: str = "queueing") -> SimulationResult:
+    """Latency of every request of a trace under one scheme; `allocation_objective` is L_i of Eq. 1
+    ('queueing', the project default, or 'paper', see `solve_allocation`)."""
     if scheme not in SCHEMES:
         raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
     if len(arrivals_s) != len(lengths_tokens) or len(arrivals_s) == 0:
@@ -105,7 +106,7 @@ def simulate(scheme: str, profiles: RuntimeProfileSet, arrivals_s: np.ndarray, l
         history = initial_lengths_tokens if initial_lengths_tokens is not None else lengths_tokens[:1000]
         window = max(float(arrivals_s[min(len(history), len(arrivals_s)) - 1] - arrivals_s[0]), 1e-3)
         q = profiles.requests_per_bin(history, window)
-        counts = _allocation_counts(scheme, profiles, q, num_devices)
+        counts = _allocation_counts(scheme, profiles, q, num_devices, allocation_objective)
         policy_cls = {"arlo": DISPATCH_POLICIES["arlo"], "ilb": DISPATCH_POLICIES["ilb"], "ig": DISPATCH_POLICIES["ig"],
                       "infaas": DISPATCH_POLICIES["bin_packing"]}[scheme]
         # Dispatch congestion uses the capacity with the per-request overhead included: what an instance really
@@ -138,7 +139,7 @@ def simulate(scheme: str, profiles: RuntimeProfileSet, arrivals_s: np.ndarray, l
             seen.append(length)
             if now >= next_period:
                 q = profiles.requests_per_bin(seen, now - period_start)
-                counts = _allocation_counts(scheme, profiles, q, num_devices)
+                counts = _allocation_counts(scheme, profiles, q, num_devices, allocation_objective)
                 loads = {iid: policy.outstanding(iid) for iid in runtime_of}
                 plan = plan_replacement(runtime_of, counts, loads)
                 for change in plan.changes:

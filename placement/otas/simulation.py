@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -83,8 +84,16 @@ class SimulationResult:
         return self.ledger.counts["correct"] / max(1, self.num_queries)
 
 
-def simulate(trace: list[TraceQuery], scheduler: OtasScheduler, profile: OtasProfile) -> SimulationResult:
-    """Run the trace through one replica; every query ends as correct, wrong, late or evicted."""
+#: Whether a served query is correct, given the query, its task and the batch's gamma.
+Grader = Callable[[TraceQuery, str, int], bool]
+
+
+def simulate(trace: list[TraceQuery], scheduler: OtasScheduler, profile: OtasProfile,
+             grade: Grader | None = None) -> SimulationResult:
+    """Run the trace through one replica; every query ends as correct, wrong, late or evicted.
+
+    `grade` decides correctness; None: the query's draw against the profiled accuracy (the profile is then its
+    own ground truth). benchmarks/paper_claims.py grades by the ViT's prediction on a held-out image instead."""
     now, index, busy_until = 0.0, 0, -math.inf
     position = {id(query): k for k, query in enumerate(trace)}
     finish_s = np.full(len(trace), np.nan)
@@ -101,7 +110,10 @@ def simulate(trace: list[TraceQuery], scheduler: OtasScheduler, profile: OtasPro
             if dispatch is not None:
                 batch = dispatch.batch
                 finish = now + dispatch.setup_s + profile.batch_latency_s(dispatch.gamma, len(batch))
-                correct = [r.payload.draw < profile.task_accuracy(r.task_id, dispatch.gamma) for r in batch.requests]
+                if grade is None:
+                    correct = [r.payload.draw < profile.task_accuracy(r.task_id, dispatch.gamma) for r in batch.requests]
+                else:
+                    correct = [bool(grade(r.payload, r.task_id, dispatch.gamma)) for r in batch.requests]
                 scheduler.complete(dispatch, finish, correct)
                 busy_until = finish
                 for request, right in zip(batch.requests, correct):

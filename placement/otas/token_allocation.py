@@ -179,6 +179,14 @@ class TokenAllocationParams(BaseModel):
     rate_window_s: float = Field(default=1.0, gt=0, description="Window over which the arrival rate q is measured, in seconds.")
     max_labels_per_cell: int | None = Field(default=32, ge=1, description="Pareto labels kept per DP cell (1 = the paper's Alg. 2; None = exact).")
 
+    @classmethod
+    def paper(cls, **overrides: Any) -> "TokenAllocationParams":
+        """OTAS Alg. 2 as published (otas-v2 §III-D): one (utility, clock) label per DP cell, the highest utility
+        (ties: the earlier clock). The project default keeps up to 32 Pareto labels per cell, a superset of the
+        paper's label: never less expected utility per plan (the single label can miss the optimum when a prefix
+        with more utility finishes too late for later batches; tests/test_otas_policies.py solves one by hand)."""
+        return cls(**{"max_labels_per_cell": 1, **overrides})
+
 
 def parse_allocation_params(params: dict[str, Any]) -> TokenAllocationParams:
     try:

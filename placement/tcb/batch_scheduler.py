@@ -94,6 +94,14 @@ class BatchingParams(BaseModel):
     backfill_slots: bool = Field(default=True, description="slotted_das: fill room left in the slots with other waiting requests (plexserve's addition to TCB Alg. 2).")
     start_allowance_ms: float = Field(default=0.0, ge=0, description="Drop a request unless it can start this long before its deadline, in milliseconds.")
 
+    @classmethod
+    def paper(cls, **overrides: Any) -> "BatchingParams":
+        """TCB Alg. 2 (Slotted DAS, §5.3) as published: the slot size z is the longest request of the
+        utility-dominant sets, not rounded (`slot_granularity_tokens=1`), and room left in the slots stays empty
+        (`backfill_slots=False`). The project default rounds z up to 8 tokens (fewer distinct shapes) and
+        back-fills slots with waiting requests that fit, by utility."""
+        return cls(**{"slot_granularity_tokens": 1, "backfill_slots": False, **overrides})
+
     @model_validator(mode="after")
     def _check(self) -> "BatchingParams":
         if abs(self.eta + self.q - 1.0) > ETA_Q_TOLERANCE:

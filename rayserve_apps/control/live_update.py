@@ -30,6 +30,7 @@ from rayserve_apps.contracts import (
     INGRESS_DEPLOYMENT,
     group_bundles_for,
     group_deployment_name,
+    group_max_ongoing_requests,
     group_max_queued_requests,
     group_user_config,
     ingress_user_config,
@@ -61,7 +62,8 @@ def slot_override(spec: DeploymentSpec, index: int, layout: SlotLayout, version:
     group = layout.slots[index]
     return {"name": group_deployment_name(index), "user_config": group_user_config(spec, group, version),
             "placement_group_bundles": group_bundles_for(spec, group), "placement_group_strategy": "STRICT_PACK",
-            "max_queued_requests": group_max_queued_requests(spec, group)}
+            "max_queued_requests": group_max_queued_requests(spec, group),
+            "max_ongoing_requests": group_max_ongoing_requests(spec, group.models if group is not None else [])}
 
 
 def layout_overrides(spec: DeploymentSpec, layout: SlotLayout, routes: list[list[str]], slot_versions: list[int],

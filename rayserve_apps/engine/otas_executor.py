@@ -26,10 +26,10 @@ from placement.otas.adaptive_batching import AdaptiveBatchingParams
 from placement.otas.profile import OtasProfile
 from placement.otas.replica_scheduler import Dispatch, OtasScheduler
 from placement.otas.token_allocation import OtasTokenAllocator, TokenAllocationParams
+from rayserve_apps.contracts import TOKEN_ADAPTATION_ROLE
 from rayserve_apps.engine.engine import BatchBackend, ServingEngine
 from rayserve_apps.engine.vision_batches import TASK_ATTR, UTILITY_ATTR, InProcessOtasBackend, OtasBatchFormer
 
-TOKEN_ADAPTATION_ROLE = "token_adaptation"
 OTAS_POLICY_NAME = "otas"
 BATCH_SIZE_BOUNDARIES = [1, 2, 4, 8, 16, 32, 64, 128]
 

@@ -15,11 +15,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Sequence
 
+from rayserve_apps.contracts import TEXT_CALLS_IN_FLIGHT
+
 logger = logging.getLogger("ray.serve")
 
 #: Calls one forwarder keeps on their way at once: enough that the replica's engine always has the next requests
 #: queued while a batch runs, few enough that a call carries many requests under load.
-DEFAULT_MAX_CALLS_IN_FLIGHT = 2
+DEFAULT_MAX_CALLS_IN_FLIGHT = TEXT_CALLS_IN_FLIGHT
 #: Most requests one call carries (a bound on the message size).
 MAX_REQUESTS_PER_CALL = 256
 

@@ -24,18 +24,6 @@ from rayserve_apps._threads import set_torch_threads_for
 from rayserve_apps.engine import ImageBatchFormer, InProcessVisionBackend, ServingEngine
 from rayserve_apps.engine.otas_executor import OtasExecutor, OtasMetrics, load_otas_parts, token_adaptation_params
 
-#: A plain ViT replica admits this many batches' worth of requests (one running, one filling), so that batches can
-#: reach `max_batch_size` (Serve's default of 5 ongoing requests would cap them at 5); the rest queue at the caller.
-BATCHES_ADMITTED = 2
-#: A token-adaptation replica admits this many: OTAS chooses each batch's gamma from the whole queue and evicts
-#: the queries that can no longer meet their deadline, so its queue belongs in the replica.
-OTAS_MAX_ONGOING_REQUESTS = 256
-
-
-def vision_max_ongoing_requests(spec: ModelSpec) -> int:
-    """`max_ongoing_requests` of a vision model's replicas."""
-    return OTAS_MAX_ONGOING_REQUESTS if token_adaptation_params(spec) is not None else BATCHES_ADMITTED * spec.max_batch_size
-
 
 @serve.deployment
 class VisionModelDeployment:
