@@ -66,10 +66,14 @@ def replica_actor_options(num_cpus: float) -> dict[str, Any]:
 
 
 def model_actor_options(model: ModelSpec, device_resource: str) -> dict[str, Any]:
-    """`ray_actor_options` of a single-model replica: its CPUs and, on a GPU cluster, its share of a GPU
-    (`models.device.device_reservation`; CPU-only clusters reserve no device, as before)."""
-    return {**replica_actor_options(model.num_cpus_per_replica),
-            **device_reservation(device_resource, model.device_share_per_replica, logical=False)}
+    """`ray_actor_options` of a single-model replica: its CPUs and, on a GPU cluster where the model names a
+    `device_share_per_replica`, that share of a GPU (`models.device.device_reservation`). Without one (the
+    default), and on CPU-only clusters, no device is reserved: a spec without a `cluster` section (device resource
+    'GPU' by default) must still deploy on a machine without GPUs."""
+    options = replica_actor_options(model.num_cpus_per_replica)
+    if model.device_share_per_replica is None:
+        return options
+    return {**options, **device_reservation(device_resource, model.device_share_per_replica, logical=False)}
 
 #: Seconds between a group replica's routing-stats reports (hosted models, queue length) to the router.
 ROUTING_STATS_PERIOD_S = 1.0

@@ -41,11 +41,13 @@ def _spec(device_resource: str, share: float | None = None):
     return parse_spec({"cluster": {"num_devices": 1, "device_resource": device_resource}, "models": [model]})
 
 
-def test_single_model_deployments_reserve_their_gpu_share_only_on_gpu_clusters():
+def test_single_model_deployments_reserve_a_named_gpu_share_only_on_gpu_clusters():
     gpu = _spec("GPU", share=0.5)
     options = model_actor_options(gpu.model("minilm"), gpu.cluster.device_resource)
     assert options["num_gpus"] == 0.5 and options["num_cpus"] == 0.5
-    assert model_actor_options(_spec("GPU").model("minilm"), "GPU")["num_gpus"] == 1.0  # a whole device by default
+    # No share named (the default, and what a spec without a `cluster` section gets): no GPU reserved, so the
+    # deployment starts on a machine without GPUs.
+    assert "num_gpus" not in model_actor_options(_spec("GPU").model("minilm"), "GPU")
     for cpu_only in ("device", "CPU"):
         options = model_actor_options(_spec(cpu_only, share=0.5).model("minilm"), cpu_only)
         assert "num_gpus" not in options and "resources" not in options

@@ -34,6 +34,8 @@ RUNTIMES = {16: 40, 64: 20}
 LONG_TEXT = " ".join(["serving transformer models on shared devices"] * 6)
 #: Clients sending single-text or single-image requests at once (batches form across their requests).
 CONCURRENT_CLIENTS = 32
+#: Requests sent to the model whose SLO no group can meet before one must be refused.
+MAX_SLO_ATTEMPTS = 8
 #: Seconds to wait for metrics to reach the Prometheus endpoint (the agent exports every few seconds).
 METRICS_WAIT_S = 60
 
@@ -142,12 +144,18 @@ def test_vision_routed_to_its_group_and_exact(app):
 
 
 def test_request_that_cannot_meet_its_slo_gets_503(app):
-    # vit-strict's SLO (10 microseconds) is shorter than any service time: once the ingress has measured one
-    # request (or at once, if the deadline has already passed), every request is refused with a reason.
+    # vit-strict's SLO (10 microseconds) is shorter than any service time: once the ingress has measured a few
+    # requests (or at once, if the deadline has already passed), requests are refused with a reason. An idle group
+    # gets one probe request every `PROBE_AFTER_S` (group_dispatch.py), so on a slow machine a request after a
+    # refusal may be admitted again; what must hold is that refusals come, each answer is 200 or a reasoned 503.
     url = f"{app['url']}/v1/models/vit-strict/classify"
-    responses = [requests.post(url, json={"images": images().tolist()}, timeout=60) for _ in range(3)]
+    responses = []
+    for _ in range(MAX_SLO_ATTEMPTS):
+        responses.append(requests.post(url, json={"images": images().tolist()}, timeout=60))
+        if responses[-1].status_code == 503:
+            break
     assert all(r.status_code in (200, 503) for r in responses), [r.text for r in responses]
-    assert responses[-1].status_code == 503
+    assert responses[-1].status_code == 503, [r.status_code for r in responses]
     error = responses[-1].json()["error"]
     assert error["type"] == "slo_unattainable" and "vit-strict" in error["message"]
     ok = requests.post(f"{app['url']}/v1/models/vit/classify", json={"images": images().tolist()}, timeout=60)

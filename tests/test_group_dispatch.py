@@ -3,7 +3,7 @@
 import pytest
 
 from placement.alpaserve.dispatch import make_dispatch
-from rayserve_apps.ingress.group_dispatch import PROBE_AFTER_S, GroupDispatcher
+from rayserve_apps.ingress.group_dispatch import MIN_LATENCY_SAMPLES, PROBE_AFTER_S, GroupDispatcher
 
 
 def test_requests_go_only_to_slots_that_route_the_model():
@@ -17,8 +17,8 @@ def test_requests_go_only_to_slots_that_route_the_model():
 
 def test_a_slow_estimate_refuses_until_it_is_stale_then_one_probe_goes_through():
     dispatcher = GroupDispatcher([["a"]], make_dispatch("shortest_queue"))
-    ahead = dispatcher.started(0)
-    dispatcher.finished(0, "a", latency_s=5.0, ahead=ahead)  # a slow spell: 5 s per request
+    for _ in range(MIN_LATENCY_SAMPLES):
+        dispatcher.finished(0, "a", latency_s=5.0, ahead=dispatcher.started(0))  # a slow spell: 5 s per request
     measured = dispatcher.groups[0].measured_at_s["a"]
     assert dispatcher.choose("a", now_s=measured + 0.1, deadline_s=measured + 1.1) is None  # SLO 1 s: refused
     later = measured + PROBE_AFTER_S + 0.1
@@ -40,3 +40,15 @@ def test_one_stall_does_not_inflate_the_estimate():
     assert dispatcher.groups[0].service_s["a"] == 0.01
     now = dispatcher.groups[0].measured_at_s["a"]
     assert dispatcher.choose("a", now_s=now, deadline_s=now + 1.0) == 0
+
+
+def test_a_cold_first_answer_alone_refuses_nothing():
+    dispatcher = GroupDispatcher([["a"]], make_dispatch("shortest_queue"))
+    dispatcher.finished(0, "a", latency_s=5.0, ahead=dispatcher.started(0))  # the first answer: warm-up included
+    now = dispatcher.groups[0].measured_at_s["a"]
+    for _ in range(8):
+        dispatcher.started(0)  # a burst in flight behind it
+    assert dispatcher.choose("a", now_s=now, deadline_s=now + 1.0) == 0
+    for _ in range(MIN_LATENCY_SAMPLES - 1):
+        dispatcher.finished(0, "a", latency_s=0.5, ahead=0)
+    assert dispatcher.choose("a", now_s=now, deadline_s=now + 1.0) is None  # measured now: 6 ahead x 0.5 s > 1 s

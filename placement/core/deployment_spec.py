@@ -68,10 +68,11 @@ class ModelSpec(_Strict):
     )
     num_replicas: int = Field(default=1, ge=1, le=64, description="Replicas of the model deployment.")
     num_cpus_per_replica: float = Field(default=0.5, gt=0, description="Logical CPUs reserved by each replica.")
-    device_share_per_replica: float = Field(
-        default=1.0, gt=0, le=1,
+    device_share_per_replica: float | None = Field(
+        default=None, gt=0, le=1,
         description="Single-model deployments on a GPU cluster (`cluster.device_resource: GPU`): share of one GPU each "
-                    "replica reserves (`num_gpus`; below 1 when models share a device). Unused on CPU-only clusters.")
+                    "replica reserves (`num_gpus`; below 1 when models share a device). Default null: no GPU is "
+                    "reserved (single-model replicas run their model on the CPU). Unused on CPU-only clusters.")
     max_batch_size: int = Field(
         default=16, ge=1, le=1024,
         description="Vision models: most requests in one forward pass (text replicas bound a batch by their batching policy's rows x row_length_tokens).",

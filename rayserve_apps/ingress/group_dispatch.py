@@ -2,7 +2,8 @@
 
 The ingress is the one sender of requests to the groups, so it knows each group's queue (requests it sent and
 that have not come back). Per (group, model) it estimates the service time as the median of the latest answered
-requests' measurements (robust to one stalled request), and an idle group with a stale estimate gets one request
+requests' measurements (robust to one stalled request; none before `MIN_LATENCY_SAMPLES` answers, since the
+first answer after a start or a rebuild includes the model's warm-up), and an idle group with a stale estimate gets one request
 as a probe. For each request it builds the same `placement.alpaserve.dispatch.GroupView`s the simulator builds and
 asks the same policy object; `None` means no group hosting the model can finish the request within its SLO, and
 the ingress answers 503 at once.
@@ -20,6 +21,9 @@ from placement.alpaserve.dispatch import DispatchPolicy, GroupView
 #: Latest measurements per (group, model) whose median is the service-time estimate: one stall (a replica being
 #: replaced, a model loading beside it) must not refuse a model's requests for long.
 LATENCY_SAMPLES = 15
+#: Answers measured before the estimate may refuse anything: the median of fewer is one request's time, and the first
+#: request after a replica starts or a model is rebuilt pays for warm-up (a cold first answer once refused a burst).
+MIN_LATENCY_SAMPLES = 3
 #: Seconds without a measurement after which an idle group's estimate is re-checked by admitting one request.
 PROBE_AFTER_S = 2.0
 
@@ -89,4 +93,5 @@ class GroupDispatcher:
             state.measured_at_s[model] = time.monotonic()
             samples = state.samples.setdefault(model, deque(maxlen=LATENCY_SAMPLES))
             samples.append(sample)
-            state.service_s[model] = statistics.median(samples)
+            if len(samples) >= MIN_LATENCY_SAMPLES:
+                state.service_s[model] = statistics.median(samples)
