@@ -10,7 +10,8 @@
     python -m parallel configs --layers profiles/layers.json --group-sizes 1 2 4 \\
         --seq-len all-minilm-l6-v2=32 --memory-budget-bytes 16e9 --out profiles/measured.json
 
-`configs` writes a `placement.core.profiles.ProfileSet` (source 'measured') and prints one line per configuration.
+`configs` writes a `placement.core.profiles.ProfileSet` (source 'measured'), each configuration with the plan the
+passes chose (stage layer boundaries, shard layout) that group replicas run, and prints one line per configuration.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ dividing n with n / d pipeline stages; the inter-op DP (`parallel.inter_op`) cut
 pricing each candidate stage by the intra-op ILP (`parallel.intra_op`) on d devices under the per-device memory
 budget. The plan is chosen at one reference batch size (the runtime runs one plan); its stage latencies are then
 evaluated for every profiled batch size. The result is a `placement.core.profiles.ProfileSet` with source
-'measured', exactly what `placement/` reads, plus the `ParallelPlan` the runtime executes.
+'measured', exactly what `placement/` reads, each configuration carrying the `ParallelPlan` the runtime executes
+(`ConfigProfile.plan`; a group replica runs it, `parallel.plan.stored_or_even`).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class PlannedConfig:
     def to_profile(self) -> ConfigProfile:
         stages = [StageProfile(latency_s={b: lat[s] for b, lat in self.stage_latency_s.items()},
                                weight_bytes_per_device=self.stage_weight_bytes[s]) for s in range(len(self.plan.stages))]
-        return ConfigProfile(config=self.config, stages=stages)
+        return ConfigProfile(config=self.config, stages=stages, plan=self.plan.model_dump(mode="json"))
 
 
 class ModelPlanner:

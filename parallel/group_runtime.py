@@ -21,6 +21,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from models.device import CPU_RESOURCE, GPU_RESOURCE
 from models.layers import ActivationState
 from parallel.plan import ParallelPlan
 from parallel.stage_actor import StageActor
@@ -93,7 +94,8 @@ class ModelParallelGroup:
             row = []
             for rank in range(degree):
                 options = self._actor_options(s * degree + rank)
-                row.append(StageActor.options(**options).remote(self.source, stage, s, rank, degree, self.num_threads_per_actor))
+                row.append(StageActor.options(**options).remote(self.source, stage, s, rank, degree, self.num_threads_per_actor,
+                                                                 GPU_RESOURCE if self.num_gpus_per_actor > 0 else CPU_RESOURCE))
             self.actors.append(row)
         try:
             setups = []

@@ -6,9 +6,17 @@ data, serialisable to JSON, so a plan can be printed, stored and shipped to Ray 
 
 from __future__ import annotations
 
+import logging
+from typing import Any, Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from parallel.tensor_parallel import BLOCK_LINEARS, BlockShardingPlan, LinearSharding
+
+logger = logging.getLogger(__name__)
+
+#: Where a running model's stage cuts come from: the plan stored with its profile, or `ParallelPlan.even`.
+PlanOrigin = Literal["planned", "even"]
 
 
 class StagePlan(BaseModel):
@@ -74,3 +82,18 @@ class ParallelPlan(BaseModel):
             shardings = {i: dict(sharding) for i in range(start, end)} if sharding else {}
             stages.append(StagePlan(start_layer=start, end_layer=end, block_shardings=shardings))
         return ParallelPlan(intra_op_degree=intra_op_degree, stages=stages)
+
+
+def stored_or_even(stored: dict[str, Any] | None, num_layers: int, pipeline_stages: int,
+                   intra_op_degree: int) -> tuple[ParallelPlan, PlanOrigin]:
+    """The plan `python -m parallel configs` stored with a model's profile (ParallelPlan JSON) when there is one that
+    fits the model (`num_layers`) and the configuration, with origin "planned"; else `ParallelPlan.even`, origin
+    "even" (a stored plan that does not fit, e.g. a stale profile file, is logged and ignored)."""
+    if stored is not None:
+        plan = ParallelPlan.model_validate(stored)
+        if (plan.num_layers, len(plan.stages), plan.intra_op_degree) == (num_layers, pipeline_stages, intra_op_degree):
+            return plan, "planned"
+        logger.warning("stored plan (%d layers, %d stages x %d shards) does not fit the model (%d layers, %d stages x %d "
+                       "shards); cutting it evenly", plan.num_layers, len(plan.stages), plan.intra_op_degree,
+                       num_layers, pipeline_stages, intra_op_degree)
+    return ParallelPlan.even(num_layers, pipeline_stages=pipeline_stages, intra_op_degree=intra_op_degree), "even"

@@ -20,6 +20,7 @@ from collections import deque
 import ray
 import torch
 
+from models.device import GPU_RESOURCE, select_device
 from models.layers import ActivationState, run_layers
 from parallel.plan import StagePlan
 from parallel.stage_layers import ModelSource, build_stage_layers, load_model
@@ -43,7 +44,8 @@ def _state_to(state: ActivationState, device: torch.device) -> ActivationState:
 class StageShard:
     """The body of a stage actor (a plain class so it can be wrapped by `ray.remote` with any options)."""
 
-    def __init__(self, source: ModelSource, stage: StagePlan, stage_index: int, rank: int, degree: int, num_threads: int = 1):
+    def __init__(self, source: ModelSource, stage: StagePlan, stage_index: int, rank: int, degree: int, num_threads: int = 1,
+                 device_resource: str = GPU_RESOURCE):
         torch.set_num_threads(num_threads)
         self.source = source
         self.stage = stage
@@ -52,7 +54,8 @@ class StageShard:
         self.degree = degree
         self.layers = None
         self.weight_bytes = 0
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        #: CUDA when the actor reserved a GPU and torch sees one (`models.device.select_device`).
+        self.device = select_device(device_resource)
         #: (start, end) wall-clock seconds of every forward call, for checking that stages overlap.
         #: (start, end) wall times of the latest forward calls; bounded so a long-running server does not grow.
         self.calls: deque[tuple[float, float]] = deque(maxlen=CALL_LOG_LENGTH)

@@ -11,22 +11,27 @@ from __future__ import annotations
 
 import copy
 import gc
+import threading
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from models.adaptive_vit_layers import AdaptiveBlockLayer, load_adaptive_backbone
-from models.layers import ActivationState, Layer
+from models.layers import ActivationState, Layer, run_layers
 from parallel.tensor_parallel import (
     BlockShardingPlan,
     Collectives,
     TensorParallelBlock,
     TensorParallelBlockLayer,
+    ThreadCollectives,
     bert_block_parts,
     vit_block_parts,
 )
+
+if TYPE_CHECKING:
+    from parallel.plan import ParallelPlan
 
 
 class ModelSource(BaseModel):
@@ -141,6 +146,28 @@ def build_stage_layers(model, start: int, end: int, collectives: Collectives,
     del layers
     gc.collect()
     return StageSlice(layers=stage, weight_bytes=weight_bytes)
+
+
+def run_plan_in_process(model, plan: "ParallelPlan", state: ActivationState) -> ActivationState:
+    """Run `plan` in one process, stage after stage, each stage's shards on threads (checks without Ray)."""
+    import torch
+
+    for stage in plan.stages:
+        group = ThreadCollectives.group(plan.intra_op_degree)
+        outputs: list = [None] * plan.intra_op_degree
+
+        def shard(rank: int, stage=stage, group=group, outputs=outputs, state=state) -> None:
+            with torch.inference_mode():
+                sliced = build_stage_layers(model, stage.start_layer, stage.end_layer, group[rank], stage.block_plans())
+                outputs[rank] = run_layers(sliced.layers, state)
+
+        threads = [threading.Thread(target=shard, args=(rank,)) for rank in range(plan.intra_op_degree)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        state = outputs[0]
+    return state
 
 
 def _unique_parameter_bytes(module: nn.Module) -> int:

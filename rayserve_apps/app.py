@@ -17,6 +17,7 @@ from typing import Any
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
+from models.device import CPU_RESOURCE, device_reservation
 from models.text_encoder import load_text_tokenizer
 from placement.alpaserve.deployment_planning import plan_deployment
 from placement.core.deployment_spec import DeploymentSpec, ModelSpec, parse_spec
@@ -63,6 +64,17 @@ def replica_actor_options(num_cpus: float) -> dict[str, Any]:
     """`ray_actor_options` of a plexserve replica reserving `num_cpus`."""
     return {"num_cpus": num_cpus, "runtime_env": {"env_vars": dict(REPLICA_ENV_VARS)}}
 
+
+def model_actor_options(model: ModelSpec, device_resource: str) -> dict[str, Any]:
+    """`ray_actor_options` of a single-model replica: its CPUs and, on a GPU cluster where the model names a
+    `device_share_per_replica`, that share of a GPU (`models.device.device_reservation`). Without one (the
+    default), and on CPU-only clusters, no device is reserved: a spec without a `cluster` section (device resource
+    'GPU' by default) must still deploy on a machine without GPUs."""
+    options = replica_actor_options(model.num_cpus_per_replica)
+    if model.device_share_per_replica is None:
+        return options
+    return {**options, **device_reservation(device_resource, model.device_share_per_replica, logical=False)}
+
 #: Seconds between a group replica's routing-stats reports (hosted models, queue length) to the router.
 ROUTING_STATS_PERIOD_S = 1.0
 #: Seconds Serve waits for a stopping group replica's in-flight requests (a group stopped by a re-placement).
@@ -93,9 +105,10 @@ def _bind_model(spec: DeploymentSpec, model: ModelSpec) -> Application:
     ConcatBatching text replica or the vision replica."""
     name = model_deployment_name(model.name)
     if polymorphing_params(spec, model.name) is not None:
-        return bind_polymorph_model(model, spec.policy("polymorphing", model.name).params, name)  # type: ignore[union-attr]
+        return bind_polymorph_model(model, spec.policy("polymorphing", model.name).params, name,  # type: ignore[union-attr]
+                                    device_resource=spec.cluster.device_resource)
     options = dict(name=name, num_replicas=model.num_replicas, max_queued_requests=model.max_queued_requests,
-                   ray_actor_options=replica_actor_options(model.num_cpus_per_replica))
+                   ray_actor_options=model_actor_options(model, spec.cluster.device_resource))
     if model.kind == "text":
         batching = spec.policy("batching", model.name)
         limit = model.max_input_length_tokens or load_text_tokenizer(model.source).max_length
@@ -107,7 +120,8 @@ def _bind_model(spec: DeploymentSpec, model: ModelSpec) -> Application:
 
 
 def bind_polymorph_model(model: ModelSpec, params: dict, deployment_name: str, assignment: dict[int, int] | None = None,
-                         version: int = 0, max_ongoing_requests: int = POLYMORPH_MAX_ONGOING_REQUESTS) -> Application:
+                         version: int = 0, max_ongoing_requests: int = POLYMORPH_MAX_ONGOING_REQUESTS,
+                         device_resource: str = CPU_RESOURCE) -> Application:
     """The bound Serve application of one polymorphing text model: its runtime replicas behind `PolymorphRouter`.
 
     `assignment` (replica rank -> max length, from `allocation_update`) replaces `initial_counts`; re-running
@@ -131,7 +145,7 @@ def bind_polymorph_model(model: ModelSpec, params: dict, deployment_name: str, a
         name=deployment_name,
         num_replicas=num_replicas,
         max_ongoing_requests=max_ongoing_requests,
-        ray_actor_options=replica_actor_options(model.num_cpus_per_replica),
+        ray_actor_options=model_actor_options(model, device_resource),
         user_config=user_config,
         request_router_config=RequestRouterConfig(
             request_router_class=PolymorphRouter,

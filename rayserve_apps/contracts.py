@@ -14,6 +14,8 @@ It imports only `placement/` and pydantic (never ray or torch):
 
 from __future__ import annotations
 
+from functools import lru_cache
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -25,6 +27,10 @@ from placement.arlo.request_scheduler import ARLO_ALPHA, ARLO_LAMBDA, ARLO_MAX_L
 from placement.arlo.runtime_allocation import ARLO_ALLOCATION_PERIOD_S
 from placement.core.deployment_spec import DeploymentSpec, ModelSpec
 from placement.core.placement_plan import GroupPlacement
+from placement.core.profiles import ParallelConfig, ProfileSet
+
+#: The repository root: a relative `planning.profiles.path` not found from the working directory is read from here.
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # ---- names ---------------------------------------------------------------------------------------------------------
 
@@ -90,7 +96,41 @@ def group_user_config(spec: DeploymentSpec, group: GroupPlacement | None, versio
                 if (policy := spec.policy("batching", name)) is not None}
     return {"num_devices": group.num_devices, "config": group.config.model_dump(),
             "models": [spec.model(name).model_dump(mode="json") for name in group.models], "batching": batching,
-            "runtime_lengths_tokens": grouped_runtime_lengths(spec, group.models), "placement_version": version}
+            "runtime_lengths_tokens": grouped_runtime_lengths(spec, group.models),
+            "plans": stored_plans(spec, group.models, group.config), "placement_version": version}
+
+
+def profiles_path(spec: DeploymentSpec) -> Path | None:
+    """The spec's measured profile file (`planning.profiles.path`), from the working directory or the repository
+    root; None when the spec names none or the file does not exist."""
+    path = (spec.planning or {}).get("profiles", {}).get("path")
+    if not path:
+        return None
+    for candidate in (Path(path), REPO_ROOT / path):
+        if candidate.is_file():
+            return candidate.resolve()
+    return None
+
+
+@lru_cache(maxsize=4)
+def _load_profiles(path: Path, mtime_ns: int) -> ProfileSet:
+    return ProfileSet.load(path)
+
+
+def stored_plans(spec: DeploymentSpec, models: list[str], config: ParallelConfig) -> dict[str, dict[str, Any]]:
+    """Model -> the plan `python -m parallel configs` stored for it under `config` in the spec's profile file (stage
+    layer boundaries, shard layout; `parallel.plan.ParallelPlan` JSON). Models without one are absent: their group
+    replica cuts them evenly."""
+    path = profiles_path(spec)
+    if path is None:
+        return {}
+    profiles = _load_profiles(path, path.stat().st_mtime_ns)
+    plans = {}
+    for name in models:
+        model = profiles.models.get(name)
+        if model is not None and model.has(config) and (plan := model.get(config).plan) is not None:
+            plans[name] = plan
+    return plans
 
 
 def grouped_runtime_lengths(spec: DeploymentSpec, models: list[str]) -> dict[str, list[int]]:

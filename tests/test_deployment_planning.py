@@ -46,3 +46,23 @@ def test_bad_planning_field_is_named(tmp_path):
         resolve_placement(parse_spec(spec_dict(str(path), planner={"beam_size": 0})))
     with pytest.raises(FileNotFoundError, match="does not exist"):
         resolve_placement(parse_spec(spec_dict(str(tmp_path / "absent.json"))))
+
+
+def test_controller_section_sets_the_policys_horizon_resamples_and_transition_costs(tmp_path):
+    from placement.alpaserve.deployment_planning import replan_policy
+
+    path = tmp_path / "profiles.json"
+    synthetic_profiles().save(path)
+    data = spec_dict(str(path))
+    data["placement"] = {"groups": [{"num_devices": 1, "config": {}, "models": ["alpha"]},
+                                    {"num_devices": 1, "config": {}, "models": ["beta"]}]}
+    data["controller"] = {"period_s": 15, "horizon_periods": 2, "held_out_resamples": 5, "group_slots": 3,
+                          "transition": {"replica_start_s": 7.5}}
+    policy = replan_policy(parse_spec(data))
+    assert (policy.horizon_s, policy.held_out_resamples, policy.num_slots) == (30.0, 5, 3)
+    assert policy.transition is not None and policy.transition.replica_start_s == 7.5
+    data["controller"] = {"period_s": 15, "price_transitions": False}
+    assert replan_policy(parse_spec(data)).transition is None
+    data["controller"] = {"transition": {"loading_slowdown": 0.5}}
+    with pytest.raises(ValueError, match="loading_slowdown"):
+        parse_spec(data)

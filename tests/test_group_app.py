@@ -99,6 +99,8 @@ def test_placement_is_live_and_groups_are_pinned(app):
     assert groups["group-0"]["models"] == ["minilm", "vit"]
     assert groups["group-0"]["config"] == {"intra_op_degree": 1, "pipeline_stages": 2}
     assert {m: len(rows) for m, rows in groups["group-0"]["stage_actor_pids"].items()} == {"minilm": 2, "vit": 2}
+    # No profile file in this spec: every model is cut evenly, and the placement says so.
+    assert groups["group-0"]["stage_cuts"]["vit"] == {"origin": "even", "stages": [[0, 2], [2, 4]]}
     assert groups["group-1"]["models"] == ["vit-strict"]
     assert layout["version"] == 0
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
@@ -12,8 +10,7 @@ from parallel.comm_model import AlphaBeta, CommModel
 from parallel.configurations import emit_profile_set, enumerate_configs, model_configurations
 from parallel.plan import ParallelPlan
 from parallel.profiler import LayerProfileSet, profile_layers, shape_key
-from parallel.stage_layers import build_stage_layers, example_input, load_model, standalone_layers
-from parallel.tensor_parallel import ThreadCollectives
+from parallel.stage_layers import example_input, load_model, run_plan_in_process, standalone_layers
 from parallel.tiny_models import make_tiny_bert, make_tiny_vit
 from placement.core.profiles import ParallelConfig, ProfileSet
 
@@ -81,23 +78,7 @@ def test_enumerate_configs():
 
 
 def _run_plan(model, plan: ParallelPlan, state):
-    """Run a plan in one process: stage after stage, each stage's shards on threads."""
-    for stage in plan.stages:
-        group = ThreadCollectives.group(plan.intra_op_degree)
-        outputs: list = [None] * plan.intra_op_degree
-
-        def shard(rank: int, stage=stage, group=group, outputs=outputs, state=state) -> None:
-            with torch.inference_mode():
-                sliced = build_stage_layers(model, stage.start_layer, stage.end_layer, group[rank], stage.block_plans())
-                outputs[rank] = run_layers(sliced.layers, state)
-
-        threads = [threading.Thread(target=shard, args=(rank,)) for rank in range(plan.intra_op_degree)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        state = outputs[0]
-    return state.hidden
+    return run_plan_in_process(model, plan, state).hidden
 
 
 @pytest.mark.parametrize("comm", [STAND_IN_FREE_COMM, STAND_IN_COSTLY_COMM], ids=["free-comm", "costly-comm"])

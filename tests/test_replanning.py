@@ -17,10 +17,12 @@ LATENCY_S = 0.1
 SLO_S = 0.5
 
 
-def policy(min_gain: float = 0.02) -> ReplanPolicy:
-    profiles = ProfileSet(source="synthetic", device="stand-in", models={m: model_profile(m, GIB, LATENCY_S) for m in MODELS})
-    return ReplanPolicy(profiles=profiles, num_devices=3, device_memory_bytes=16 * GIB, planner=PlannerConfig(max_group_devices=2),
-                        min_gain=min_gain, fit_window_s=20.0)
+PROFILES = ProfileSet(source="synthetic", device="stand-in", models={m: model_profile(m, GIB, LATENCY_S) for m in MODELS})
+
+
+def policy(min_gain: float = 0.02, **kwargs) -> ReplanPolicy:
+    return ReplanPolicy(profiles=PROFILES, num_devices=3, device_memory_bytes=16 * GIB, planner=PlannerConfig(max_group_devices=2),
+                        min_gain=min_gain, fit_window_s=20.0, **kwargs)
 
 
 def one_per_device() -> Placement:
@@ -40,7 +42,7 @@ def test_a_model_outgrowing_its_group_is_rehosted_on_the_running_groups():
     decision = policy().decide(one_per_device(), traffic({"a": 25.0}))
     keep = decision.candidate("keep").predicted_attainment
     assert keep < 0.6  # one device serves at most 10 requests/s of a
-    assert decision.chosen in ("rehost", "replan") and decision.predicted_gain >= 0.3
+    assert decision.chosen in ("local", "rehost", "replan") and decision.predicted_gain >= 0.2
     hosts = sum("a" in g.models for g in decision.placement.groups)
     assert hosts >= 2
     assert decision.placement.models() == set(MODELS)  # b and c had no traffic, yet stay hosted
@@ -50,19 +52,84 @@ def test_a_model_outgrowing_its_group_is_rehosted_on_the_running_groups():
 def test_candidates_are_judged_as_deployed_with_the_models_alg1_left_out():
     from placement.alpaserve.simulator import simulate
 
-    replan = policy()
+    replan = policy(transition=None)
     # Only a has traffic: Alg. 1 leaves b and c out and the candidates host them. With traffic everywhere, Alg. 1's
     # own figure (its group order, its run) differs from a simulation of the placement deployed.
     for rates in ({"a": 25.0}, {"a": 25.0, "b": 6.0, "c": 4.0}):
         observed = traffic(rates)
         decision = replan.decide(one_per_device(), observed)
         _, fitted_rates, cvs = replan.fit(observed)
-        workload = replan.workload(observed, fitted_rates, cvs)
-        assert len(decision.candidates) == 3
+        planning = replan.workload(observed, fitted_rates, cvs)
+        held_out = replan.held_out(observed, fitted_rates, cvs)
+        assert [c.name for c in decision.candidates] == ["keep", "local", "rehost", "replan"]
+
+        def attainment(candidate, workload):
+            return simulate(candidate.placement, replan.profiles, workload, replan.planner.simulator).slo_attainment()
+
         for candidate in decision.candidates:
             assert candidate.placement.models() == set(MODELS)
-            simulated = simulate(candidate.placement, replan.profiles, workload, replan.planner.simulator).slo_attainment()
-            assert candidate.predicted_attainment == pytest.approx(simulated, abs=1e-12), (rates, candidate.name)
+            assert candidate.in_sample_attainment == pytest.approx(attainment(candidate, planning), abs=1e-12), (rates, candidate.name)
+            # Judged on resamples it was not made on: the mean over the held-out seeds.
+            held = np.mean([attainment(candidate, w) for w in held_out])
+            assert candidate.predicted_attainment == pytest.approx(held, abs=1e-12), (rates, candidate.name)
+            assert candidate.through_rollout_attainment == candidate.predicted_attainment  # no transition model
+
+
+def test_held_out_resamples_are_independent_of_the_planning_one():
+    replan = policy()
+    observed = traffic({"a": 5.0, "b": 5.0})
+    _, rates, cvs = replan.fit(observed)
+    planning = replan.workload(observed, rates, cvs)
+    held_out = replan.held_out(observed, rates, cvs)
+    assert len(held_out) == replan.held_out_resamples == 3
+    arrivals = [tuple(np.round(w.arrival_s[:20], 9)) for w in [planning, *held_out]]
+    assert len(set(arrivals)) == 4  # four different draws of the same fitted traffic
+    with pytest.raises(ValueError, match="held_out_resamples"):
+        policy(held_out_resamples=0)
+
+
+def gamma_arrivals(rate: float, cv: float, duration_s: float, seed: int) -> np.ndarray:
+    from placement.core.arrivals import GammaProcess
+
+    return GammaProcess(rate, cv).generate(0.0, duration_s, np.random.default_rng(seed))
+
+
+def test_an_in_sample_switch_is_kept_when_held_out_resamples_do_not_confirm_it():
+    """Issue 21: the controller decides on resamples other than the one it planned on. Balanced bursty traffic on a
+    ring placement (every model on two of three devices): on the planning resample the best one-replica move looks
+    +0.03 better (it fits that draw's bursts); on three held-out resamples it is no better than keeping."""
+    ring = Placement(groups=[GroupPlacement(num_devices=1, config=ParallelConfig(), models=list(m))
+                             for m in (("a", "b"), ("b", "c"), ("a", "c"))])
+    replan = ReplanPolicy(profiles=PROFILES, num_devices=3, device_memory_bytes=int(2.2 * GIB),  # two models per device
+                          planner=PlannerConfig(max_group_devices=1), min_gain=0.02, fit_window_s=20.0, transition=None)
+    duration_s, rate, cv = 20.0, 7.0, 3.0
+    observed = ObservedTraffic(MODELS, [gamma_arrivals(rate, cv, duration_s, k) for k in range(3)], duration_s, [SLO_S] * 3)
+    decision = replan.decide(ring, observed)
+    keep, local = decision.candidate("keep"), decision.candidate("local")
+    assert local.in_sample_attainment - keep.in_sample_attainment >= replan.min_gain  # in-sample, a move pays
+    assert decision.in_sample_choice != "keep"
+    assert local.predicted_attainment - keep.predicted_attainment < replan.min_gain  # held out, it does not
+    assert decision.chosen == "keep"
+
+
+def test_a_small_shift_keeps_the_placement_once_the_rollout_is_priced():
+    """Issue 18: a shift whose best move gains more than min_gain as deployed, but whose rollout (a load that slows
+    the devices) costs most of that gain over the horizon, is not worth a move."""
+    observed = traffic({"a": 9.0, "b": 6.0, "c": 6.0})
+    unpriced = policy(transition=None).decide(one_per_device(), observed)
+    assert unpriced.chosen != "keep" and unpriced.predicted_gain >= 0.02
+    priced = policy().decide(one_per_device(), observed)
+    move = priced.candidate(unpriced.chosen)
+    assert move.predicted_attainment == pytest.approx(unpriced.candidate(unpriced.chosen).predicted_attainment)
+    assert move.transition_s > 0 and move.transition_cost > 0
+    assert priced.chosen == "keep" and "below min_gain" in priced.reason
+
+
+def test_a_large_shift_still_pays_for_its_rollout():
+    decision = policy().decide(one_per_device(), traffic({"a": 25.0}))
+    chosen = decision.candidate(decision.chosen)
+    assert decision.chosen != "keep" and chosen.transition_s > 0
+    assert chosen.through_rollout_attainment - decision.candidate("keep").through_rollout_attainment >= 0.2
 
 
 def test_balanced_traffic_the_placement_serves_is_kept():

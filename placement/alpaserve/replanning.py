@@ -2,40 +2,61 @@
 
 AlpaServe plans once, offline (§4.2); plexserve re-plans as traffic changes. Each period the controller hands this
 policy what it observed (per-model arrival times, from which rate and CV are fitted per window as for a trace,
-§6.2) and the running placement. The policy fits the traffic, resamples a workload, and simulates three candidates:
+§6.2) and the running placement. The policy fits the traffic and simulates up to four candidates:
 
 1. **keep** the running placement;
-2. **rehost**: AlpaServe Alg. 1 on the running group partition and parallel configurations (a warm start from the
+2. **local**: the best placement one replica away from the running one (`local_search.py`: add, remove, swap or
+   move one model; a plexserve addition), so a small shift gets a small, cheap move;
+3. **rehost**: AlpaServe Alg. 1 on the running group partition and parallel configurations (a warm start from the
    current placement: only hosted models change, so no replica restarts);
-3. **replan**: AlpaServe Alg. 2 from scratch (new groups restart their deployments).
+4. **replan**: AlpaServe Alg. 2 from scratch (new groups restart their deployments).
 
-It moves only when the best candidate's predicted SLO attainment beats keeping by at least `min_gain`, and then
-prefers the rehost unless the full re-plan is better by `min_gain` again: a change must pay for its disruption.
-The decision is plain data, written to the decision log as it is.
+**Held-out scoring.** The candidates are *made* on one resample of the fitted traffic (seed `seed`) and *judged*
+on `held_out_resamples` other, independent resamples (seeds `seed + 1`, ...), by the mean attainment: a candidate
+chosen because it fits one draw's bursts (the planner's and the local search's winner's curse) is not credited with
+that draw's luck. The in-sample figure stays in the log beside it (`in_sample_attainment`, `in_sample_choice`).
+
+**Priced transitions.** With a `transition` model each candidate is judged *through its rollout* from the running
+placement over a horizon (`transition.py`: the running placement serves what each step leaves routed while new
+models load, loading slows the devices down), so a move's score is its gain over the horizon minus its transition
+loss. It moves only when that beats keeping by at least `min_gain`, and prefers the least disruptive move (local,
+then rehost, then replan) unless a more disruptive one is better by `min_gain` again: a change must pay for its
+disruption. The decision is plain data, written to the decision log as it is.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from placement.alpaserve.local_search import neighbours
+from placement.alpaserve.placement_rollout import SlotLayout
 from placement.alpaserve.planner import PlannerConfig, place_unplaced, plan, select_models
 from placement.alpaserve.simulator import simulate
+from placement.alpaserve.transition import TransitionModel, attainment_through, rollout_timeline, scaled_profiles
 from placement.core.placement_plan import Placement
 from placement.core.profiles import ProfileSet
-from placement.core.traces import fit_arrivals
+from placement.core.traces import FittedTrace, fit_arrivals
 from placement.core.traffic_window import ObservedTraffic
+from placement.core.workload import Workload
 
 logger = logging.getLogger(__name__)
 
-CandidateName = Literal["keep", "rehost", "replan"]
+CandidateName = Literal["keep", "local", "rehost", "replan"]
+#: From least to most disruptive: a move must beat the one before it by min_gain.
+DISRUPTION_ORDER: tuple[CandidateName, ...] = ("keep", "local", "rehost", "replan")
 #: Shortest workload the candidates are simulated on, seconds: a short period is resampled for longer.
 MIN_HORIZON_S = 60.0
+#: Longest horizon simulated, seconds: the cost grows with it, and traffic fitted on the last period says little
+#: about what comes ten minutes later.
+MAX_HORIZON_S = 600.0
+#: Independent resamples the candidates are judged on by default (issue 21: mean over several seeds).
+DEFAULT_HELD_OUT_RESAMPLES = 3
 
 
 class ModelTrafficFit(BaseModel):
@@ -49,9 +70,21 @@ class ModelTrafficFit(BaseModel):
 class Candidate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: CandidateName = Field(description="keep, rehost (Alg. 1 on the running groups) or replan (Alg. 2).")
+    name: CandidateName = Field(description="keep, local (one move), rehost (Alg. 1 on the running groups) or replan (Alg. 2).")
     placement: Placement = Field(description="The candidate placement.")
-    predicted_attainment: float = Field(description="SLO attainment the simulator predicts on the fitted traffic, 0..1.")
+    predicted_attainment: float = Field(
+        description="SLO attainment as deployed, mean over the held-out resamples (not the one it was made on), 0..1.")
+    in_sample_attainment: float = Field(description="SLO attainment as deployed on the resample the candidates were made on, 0..1.")
+    through_rollout_attainment: float = Field(
+        description="SLO attainment over the horizon when rolled out from the running placement now, mean over the "
+                    "held-out resamples, 0..1 (equals predicted_attainment without a transition model, and for keep).")
+    transition_s: float = Field(default=0.0, description="Predicted seconds of the rollout from the running placement.")
+    move: str = Field(default="", description="For local: the move, in words.")
+
+    @property
+    def transition_cost(self) -> float:
+        """Attainment the rollout loses over the horizon against the candidate already deployed, 0..1."""
+        return self.predicted_attainment - self.through_rollout_attainment
 
 
 class ReplanDecision(BaseModel):
@@ -62,7 +95,11 @@ class ReplanDecision(BaseModel):
     traffic: dict[str, ModelTrafficFit] = Field(description="Per model: the fitted traffic the candidates were judged on.")
     candidates: list[Candidate] = Field(description="Every candidate with its predicted attainment.")
     chosen: CandidateName = Field(description="The candidate to run from now on.")
-    predicted_gain: float = Field(description="Predicted attainment of the chosen candidate minus keeping, 0..1.")
+    in_sample_choice: CandidateName = Field(
+        description="What the rule would choose judging the candidates as deployed on the resample they were made on "
+                    "(the controller before held-out scoring and transition pricing); for the log.")
+    predicted_gain: float = Field(description="Through-rollout attainment of the chosen candidate minus keeping, 0..1.")
+    horizon_s: float = Field(description="Seconds of traffic each candidate is judged over.")
     reason: str = Field(description="Why, in words.")
     planning_s: float = Field(description="Seconds the decision took to compute.")
 
@@ -84,7 +121,21 @@ class ReplanPolicy:
     planner: PlannerConfig
     min_gain: float = 0.02  # predicted attainment gain (0..1) a change must bring
     fit_window_s: float = 10.0  # rate/CV windows within an observation; the last one is planned for (§6.2 fit)
-    seed: int = 0
+    seed: int = 0  # the planning resample; the held-out ones are seed + 1 .. seed + held_out_resamples
+    held_out_resamples: int = DEFAULT_HELD_OUT_RESAMPLES
+    #: Seconds of traffic the candidates are judged over; None: the observation, at least MIN_HORIZON_S.
+    horizon_s: float | None = None
+    #: How a rollout is priced; None: candidates are judged as if already deployed.
+    transition: TransitionModel | None = field(default_factory=TransitionModel)
+    num_slots: int | None = None  # the application's group slots; None: max(num_devices, groups)
+    max_changes_per_step: int = 1
+    local_search: bool = True
+
+    def __post_init__(self) -> None:
+        if self.held_out_resamples < 1:
+            raise ValueError(f"held_out_resamples={self.held_out_resamples}: must be >= 1")
+        self._loading_profiles = (scaled_profiles(self.profiles, self.transition.loading_slowdown)
+                                  if self.transition is not None else None)
 
     def fit(self, traffic: ObservedTraffic) -> tuple[dict[str, ModelTrafficFit], np.ndarray, np.ndarray]:
         fitted = fit_arrivals(traffic.model_names, traffic.arrival_s, min(self.fit_window_s, traffic.duration_s), traffic.duration_s)
@@ -93,56 +144,98 @@ class ReplanPolicy:
                 for m, name in enumerate(traffic.model_names)}
         return fits, rates, cvs
 
-    def workload(self, traffic: ObservedTraffic, rates: np.ndarray, cvs: np.ndarray):
-        """The traffic of the last fit window, resampled over the planning horizon."""
-        from placement.core.traces import FittedTrace
+    def horizon(self, traffic: ObservedTraffic) -> float:
+        """Seconds the candidates are judged over: `horizon_s`, or the observation (at least MIN_HORIZON_S); at most
+        MAX_HORIZON_S."""
+        horizon = self.horizon_s if self.horizon_s is not None else max(traffic.duration_s, MIN_HORIZON_S)
+        return min(horizon, MAX_HORIZON_S)
 
-        horizon = max(traffic.duration_s, MIN_HORIZON_S)
-        trace = FittedTrace(traffic.model_names, horizon, rates[:, None], cvs[:, None])
-        return trace.resample(traffic.slo_s, seed=self.seed)
+    def workload(self, traffic: ObservedTraffic, rates: np.ndarray, cvs: np.ndarray, seed: int | None = None) -> Workload:
+        """The traffic of the last fit window, resampled over the horizon (default: the planning resample)."""
+        trace = FittedTrace(traffic.model_names, self.horizon(traffic), rates[:, None], cvs[:, None])
+        return trace.resample(traffic.slo_s, seed=self.seed if seed is None else seed)
+
+    def held_out(self, traffic: ObservedTraffic, rates: np.ndarray, cvs: np.ndarray) -> list[Workload]:
+        """Independent resamples of the same fitted traffic, none of them the planning one."""
+        return [self.workload(traffic, rates, cvs, seed=self.seed + 1 + k) for k in range(self.held_out_resamples)]
 
     def decide(self, current: Placement, traffic: ObservedTraffic) -> ReplanDecision:
         started = time.perf_counter()
         fits, rates, cvs = self.fit(traffic)
-        workload = self.workload(traffic, rates, cvs)
+        planning = self.workload(traffic, rates, cvs)
         names = traffic.model_names
-        keep = self._attainment(current, workload) if len(workload) else 1.0
-        candidates = [Candidate(name="keep", placement=current, predicted_attainment=keep)]
-        if len(workload):
-            groups = [(g.num_devices, g.config) for g in current.groups]
-            rehost = select_models(names, self.profiles, workload, groups, self.device_memory_bytes, self.planner)
-            replan = plan(names, self.profiles, workload, self.num_devices, self.device_memory_bytes, self.planner,
-                          warm_start=current)
-            for name, placement in (("rehost", rehost), ("replan", replan)):
-                # Models without recent traffic keep (at least) one replica: the live system still answers them.
-                complete, left_out = place_unplaced(placement, names, self.profiles, self.device_memory_bytes)
-                if left_out:
-                    logger.warning("replan: %s leaves %s without a group; not a candidate", name, left_out)
-                    continue
-                # Judged as deployed: with the models place_unplaced added (Alg. 1's own figure counts them as
-                # unserved), on the same simulator and workload as keep.
-                complete = complete.normalize()
-                candidates.append(Candidate(name=name, placement=complete, predicted_attainment=self._attainment(complete, workload)))
-        chosen, reason = self._choose(candidates)
-        gain = next(c for c in candidates if c.name == chosen).predicted_attainment - keep
-        decision = ReplanDecision(traffic=fits, candidates=candidates, chosen=chosen, predicted_gain=gain, reason=reason,
+        proposals: list[tuple[CandidateName, Placement, str]] = [("keep", current, "")]
+        if len(planning):
+            proposals += self._proposals(current, names, planning)
+        held_out = self.held_out(traffic, rates, cvs) if len(planning) else []
+        horizon = self.horizon(traffic)
+        candidates = [self._judge(name, placement, move, current, planning, held_out, horizon)
+                      for name, placement, move in proposals]
+        chosen, reason = self._choose(candidates, lambda c: c.through_rollout_attainment)
+        in_sample, _ = self._choose(candidates, lambda c: c.in_sample_attainment)
+        by_name = {c.name: c for c in candidates}
+        gain = by_name[chosen].through_rollout_attainment - by_name["keep"].through_rollout_attainment
+        decision = ReplanDecision(traffic=fits, candidates=candidates, chosen=chosen, in_sample_choice=in_sample,
+                                  predicted_gain=gain, horizon_s=horizon, reason=reason,
                                   planning_s=time.perf_counter() - started)
-        logger.info("replan: %s (%s)", chosen, reason)
+        logger.info("replan: %s (%s; in-sample choice %s)", chosen, reason, in_sample)
         return decision
 
-    def _attainment(self, placement: Placement, workload) -> float:
+    def _proposals(self, current: Placement, names: Sequence[str], planning: Workload) -> list[tuple[CandidateName, Placement, str]]:
+        """The moves, each made on the planning resample."""
+        out: list[tuple[CandidateName, Placement, str]] = []
+        if self.local_search and current.groups:
+            best = max(neighbours(current, names, self.profiles, self.device_memory_bytes),
+                       key=lambda item: self._attainment(item[1], planning), default=None)
+            if best is not None:
+                out.append(("local", best[1].normalize(), best[0]))
+        groups = [(g.num_devices, g.config) for g in current.groups]
+        rehost = select_models(names, self.profiles, planning, groups, self.device_memory_bytes, self.planner)
+        replan = plan(names, self.profiles, planning, self.num_devices, self.device_memory_bytes, self.planner,
+                      warm_start=current)
+        for name, placement in (("rehost", rehost), ("replan", replan)):
+            # Models without recent traffic keep (at least) one replica: the live system still answers them.
+            complete, left_out = place_unplaced(placement, names, self.profiles, self.device_memory_bytes)
+            if left_out:
+                logger.warning("replan: %s leaves %s without a group; not a candidate", name, left_out)
+                continue
+            # Judged as deployed: with the models place_unplaced added (Alg. 1's own figure counts them as unserved).
+            out.append((name, complete.normalize(), ""))  # type: ignore[arg-type]
+        return out
+
+    def _judge(self, name: CandidateName, placement: Placement, move: str, current: Placement, planning: Workload,
+               held_out: Sequence[Workload], horizon_s: float) -> Candidate:
+        if not len(planning):
+            return Candidate(name=name, placement=placement, predicted_attainment=1.0, in_sample_attainment=1.0,
+                             through_rollout_attainment=1.0, move=move)
+        deployed = float(np.mean([self._attainment(placement, w) for w in held_out]))
+        through, transition_s = deployed, 0.0
+        if self.transition is not None and name != "keep":
+            slots = self.num_slots or max(self.num_devices, len(current.groups), len(placement.groups))
+            spans, transition_s = rollout_timeline(SlotLayout.from_placement(current, slots), placement, self.profiles,
+                                                   self.num_devices, self.transition, horizon_s, self.max_changes_per_step)
+            through = float(np.mean([attainment_through(spans, self.profiles, w, self.planner.simulator, self._loading_profiles)
+                                     for w in held_out]))
+        return Candidate(name=name, placement=placement, predicted_attainment=deployed,
+                         in_sample_attainment=self._attainment(placement, planning), through_rollout_attainment=through,
+                         transition_s=transition_s, move=move)
+
+    def _attainment(self, placement: Placement, workload: Workload) -> float:
         return simulate(placement, self.profiles, workload, self.planner.simulator).slo_attainment()
 
-    def _choose(self, candidates: Sequence[Candidate]) -> tuple[CandidateName, str]:
+    def _choose(self, candidates: Sequence[Candidate], score) -> tuple[CandidateName, str]:
+        """Walk the candidates from least to most disruptive; a move replaces the choice so far only when it beats it
+        by min_gain (see the module doc)."""
         by_name = {c.name: c for c in candidates}
-        keep = by_name["keep"].predicted_attainment
         if len(by_name) == 1:
             return "keep", "nothing to compare: no traffic observed, or no candidate hosts every model"
-        best = max(c.predicted_attainment for c in candidates)
+        keep = score(by_name["keep"])
+        best = max(score(c) for c in candidates)
         if best - keep < self.min_gain:
-            return "keep", f"best predicted gain {best - keep:+.3f} is below min_gain {self.min_gain}"
-        rehost = by_name["rehost"].predicted_attainment if "rehost" in by_name else -1.0
-        replan = by_name["replan"].predicted_attainment if "replan" in by_name else -1.0
-        if rehost - keep >= self.min_gain and replan - rehost < self.min_gain:
-            return "rehost", f"rehosting on the running groups gains {rehost - keep:+.3f}; a new partition would add {replan - rehost:+.3f}"
-        return "replan", f"a new partition gains {replan - keep:+.3f} ({replan - rehost:+.3f} over rehosting)"
+            return "keep", f"best predicted gain {best - keep:+.3f} (held out, through the rollout) is below min_gain {self.min_gain}"
+        chosen = by_name["keep"]
+        for name in DISRUPTION_ORDER[1:]:
+            if name in by_name and score(by_name[name]) - score(chosen) >= self.min_gain:
+                chosen = by_name[name]
+        steps = ", ".join(f"{c.name} {score(c) - keep:+.3f}" for c in candidates if c.name != "keep")
+        return chosen.name, f"{chosen.name} gains {score(chosen) - keep:+.3f} over keeping ({steps}; each must beat the less disruptive by min_gain)"

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from placement.core.placement_plan import Placement
+from placement.core.transition_costs import TransitionModel
 
 #: Model names appear in URLs (`/v1/models/{name}/embed`), metric tags and deployment names.
 MODEL_NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
@@ -67,6 +68,11 @@ class ModelSpec(_Strict):
     )
     num_replicas: int = Field(default=1, ge=1, le=64, description="Replicas of the model deployment.")
     num_cpus_per_replica: float = Field(default=0.5, gt=0, description="Logical CPUs reserved by each replica.")
+    device_share_per_replica: float | None = Field(
+        default=None, gt=0, le=1,
+        description="Single-model deployments on a GPU cluster (`cluster.device_resource: GPU`): share of one GPU each "
+                    "replica reserves (`num_gpus`; below 1 when models share a device). Default null: no GPU is "
+                    "reserved (single-model replicas run their model on the CPU). Unused on CPU-only clusters.")
     max_batch_size: int = Field(
         default=16, ge=1, le=1024,
         description="Vision models: most requests in one forward pass (text replicas bound a batch by their batching policy's rows x row_length_tokens).",
@@ -142,6 +148,22 @@ class ControllerSpec(_Strict):
     fit_window_s: float = Field(default=10.0, gt=0,
                                 description="Seconds per rate/CV fit window; the latest window's traffic is planned for.")
     max_changes_per_step: int = Field(default=1, ge=1, description="Group slots changed per rollout step (small batches).")
+    held_out_resamples: int = Field(default=3, ge=1, description="Independent resamples of the fitted traffic each candidate "
+                                                                 "is judged on (mean), none of them the one it was planned on.")
+    horizon_periods: float = Field(default=2.0, gt=0, description="Periods of traffic a candidate is judged over, its rollout "
+                                                                  "from the running placement included.")
+    price_transitions: bool = Field(default=True, description="Judge each candidate through its rollout (loads, routes, "
+                                                              "slowdown); false: as if already deployed.")
+    transition: TransitionModel = Field(default_factory=TransitionModel,
+                                        description="Stand-in costs of a rollout step (loads, restarts, slowdown) where profiles have no measured load_s.")
+    shift_detection: bool = Field(default=True, description="Decide early when a per-model rate shift is detected "
+                                                            "(two-window rate test), at most once per cooldown_s.")
+    shift_window_s: float = Field(default=5.0, gt=0, description="Seconds of each of the two windows the shift test compares.")
+    shift_z: float = Field(default=4.0, gt=0, description="Standardised rate difference (Poisson z score) that counts as a shift.")
+    shift_min_ratio: float = Field(default=1.5, gt=1, description="Smallest rate ratio between the windows that counts as a shift.")
+    shift_min_requests: int = Field(default=20, ge=1, description="Requests both windows must hold together before the test judges.")
+    cooldown_s: float | None = Field(default=None, gt=0, description="Seconds after a decision before a shift may trigger "
+                                                                      "another; default: half a period.")
     group_slots: int | None = Field(
         default=None, ge=1,
         description="Group deployments the application keeps (each runs a device group or stands empty); default: cluster.num_devices.")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -53,6 +53,14 @@ class ConfigProfile(BaseModel):
 
     config: ParallelConfig
     stages: list[StageProfile] = Field(min_length=1)
+    load_s: float | None = Field(
+        default=None, ge=0,
+        description="Seconds to load this model's weights onto a group of this configuration and serve its first request "
+                    "(measured; null: not measured, the controller's transition model uses its stand-in).")
+    plan: dict[str, Any] | None = Field(
+        default=None, description="The plan `python -m parallel configs` chose for this configuration (stage layer "
+                                  "boundaries, shard layout), as `parallel.plan.ParallelPlan` JSON; opaque here: the "
+                                  "group replica runs it. None: not planned (the runtime cuts the model evenly).")
 
     @model_validator(mode="after")
     def _check(self) -> "ConfigProfile":

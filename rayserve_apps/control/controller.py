@@ -12,6 +12,8 @@ Group placement (an application with a placement; AlpaServe §4.2). Every period
    updates (`live_update.py`): the ingress stops routing to what the step changes, the changed slots are
    reconfigured or replaced (other deployments untouched), the ingress routes to the new layout,
 4. writes the decision to the decision log (`decision_log.py`).
+Between two periods a two-window rate test on the reported traffic (`detect_rate_shifts`) may trigger the decision
+early (trigger 'shift' in the log), at most once per `cooldown_s` after the last decision.
 
 Runtime allocation (each text model with `policies.polymorphing: {name: arlo}` outside the groups; Arlo §3.3):
 `runtime_allocations.py` re-solves the model's runtime counts from the input lengths of its last allocation period
@@ -39,7 +41,7 @@ from placement.arlo.live_allocator import AllocationDecision
 from placement.core.deployment_spec import DeploymentSpec, parse_spec
 from placement.core.placement_plan import GroupPlacement, Placement
 from placement.core.profiles import ParallelConfig
-from placement.core.traffic_window import RequestRecord, TrafficWindow
+from placement.core.traffic_window import RequestRecord, TrafficWindow, detect_rate_shifts
 from rayserve_apps import metrics
 from rayserve_apps.contracts import APP_NAME, INGRESS_DEPLOYMENT, group_deployment_name, initial_layout
 from rayserve_apps.control.decision_log import DecisionLog
@@ -54,6 +56,8 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 STEP_TIMEOUT_S = 300.0
 #: Poll interval while waiting for a step.
 STEP_POLL_S = 0.25
+#: Seconds between two rate-shift tests within a period.
+SHIFT_POLL_S = 1.0
 
 
 def _base_dir(spec: DeploymentSpec) -> Path:
@@ -110,6 +114,8 @@ class PlacementController:
         self.version = 0
         self.routes = self.layout.routes()
         self.recovered = self._read_state()
+        #: Wall-clock time of the last group decision (the shift trigger's cool-down counts from it).
+        self.last_group_decision_s = started
         #: While paused the periodic decisions are skipped (an operator freezing the placement); `replan_now` and
         #: `apply_placement` still work.
         self.paused = False
@@ -166,7 +172,7 @@ class PlacementController:
         if self.routes != self.layout.routes():  # a predecessor died between two steps of a rollout: finish it
             await self._logged("recovery", self._finish_interrupted_step)
         while True:
-            await asyncio.sleep(self.settings.period_s)
+            await self._wait_for_period_or_shift()
             if self.paused:
                 continue
             for enabled, decide in ((self.groups_enabled, self.replan_now), (bool(self.runtimes.models), self.reallocate_runtimes)):
@@ -176,6 +182,28 @@ class PlacementController:
                     await decide()
                 except Exception:  # noqa: BLE001 - one failed decision must not stop the controller
                     logger.exception("placement controller: decision failed")
+
+    async def _wait_for_period_or_shift(self) -> None:
+        """Sleep until the period ends; meanwhile, every SHIFT_POLL_S, a detected rate shift (outside the cool-down
+        after the last decision) triggers a group decision at once, logged with trigger 'shift'."""
+        deadline = time.monotonic() + self.settings.period_s
+        while time.monotonic() < deadline:
+            await asyncio.sleep(min(SHIFT_POLL_S, max(deadline - time.monotonic(), 0.0)))
+            if self.paused or not (self.groups_enabled and self.settings.shift_detection):
+                continue
+            cooldown_s = self.settings.cooldown_s or self.settings.period_s / 2
+            if time.time() - self.last_group_decision_s < cooldown_s:
+                continue
+            shift_window_s = min(self.settings.shift_window_s, self.settings.period_s / 2)
+            shifts = detect_rate_shifts(self.window, time.time(), self.models, shift_window_s, self.settings.shift_z,
+                                        self.settings.shift_min_ratio, self.settings.shift_min_requests)
+            if shifts:
+                logger.info("placement controller: rate shift %s: deciding now", [s.to_json() for s in shifts])
+                try:
+                    await self._logged("shift", lambda: self._decide_and_apply(shifts=[s.to_json() for s in shifts]))
+                except Exception:  # noqa: BLE001 - one failed decision must not stop the controller
+                    logger.exception("placement controller: decision failed")
+                deadline = time.monotonic() + self.settings.period_s
 
     async def replan_now(self) -> dict[str, Any]:
         """Decide (and apply) now instead of at the end of the period; returns the logged decision."""
@@ -219,18 +247,25 @@ class PlacementController:
             entry.update(duration_s=time.time() - started, version_after=self.version)
             return self.log.record(entry)
 
-    async def _decide_and_apply(self) -> dict[str, Any]:
+    async def _decide_and_apply(self, shifts: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         now = time.time()
+        self.last_group_decision_s = now
         traffic = self.window.observed(now, self.models, self.slo_s)
         observed = {name: {"requests": s.requests, "answered": s.answered, "slo_met": s.slo_met, "rejected": s.rejected,
                            "failed": s.failed, "attainment": s.attainment} for name, s in self.window.stats(now).items()}
         current = self.layout.placement()
         decision = await asyncio.to_thread(self.policy.decide, current, traffic)
         entry: dict[str, Any] = {"observed": observed, "reason": decision.reason, "chosen": decision.chosen,
+                                 "in_sample_choice": decision.in_sample_choice, "horizon_s": decision.horizon_s,
                                  "predicted_gain": decision.predicted_gain, "planning_s": decision.planning_s,
                                  "traffic": {m: f.model_dump() for m, f in decision.traffic.items()},
                                  "candidates": [{"name": c.name, "predicted_attainment": c.predicted_attainment,
+                                                 "in_sample_attainment": c.in_sample_attainment,
+                                                 "through_rollout_attainment": c.through_rollout_attainment,
+                                                 "transition_s": c.transition_s, "move": c.move,
                                                  "groups": _describe(c.placement)} for c in decision.candidates]}
+        if shifts is not None:
+            entry["shifts"] = shifts
         if decision.chosen == "keep":
             entry["outcome"] = "idle" if not any(len(a) for a in traffic.arrival_s) else "kept"
             return entry

@@ -44,12 +44,13 @@ import torch
 from ray import serve
 from ray.util import get_current_placement_group
 
+from models.device import device_reservation
 from models.task_registry import artifacts_config
 from models.text_encoder import TextTokenizer, load_text_tokenizer
 from models.vit import check_image_batch
 from ops.packing import PackedBatch
 from parallel.group_runtime import GroupFailedError, ModelParallelGroup
-from parallel.plan import ParallelPlan
+from parallel.plan import ParallelPlan, PlanOrigin, stored_or_even
 from parallel.stage_layers import ModelSource
 from placement.core.deployment_spec import ModelSpec
 from placement.core.profiles import ParallelConfig
@@ -111,6 +112,8 @@ class HostedModel:
     #: Cleared while the model's stage actors are being rebuilt after a failure; requests wait for it.
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     rebuilds: int = 0
+    #: Where the stage cuts come from: "planned" (the plan stored with the profile) or "even" (`ParallelPlan.even`).
+    plan_origin: PlanOrigin = "even"
 
     def __post_init__(self) -> None:
         self.ready.set()
@@ -128,6 +131,9 @@ class GroupReplica:
         self.config: ParallelConfig | None = None
         self.models: dict[str, HostedModel] = {}
         self.placement_version = -1
+        #: Model -> stored plan (ParallelPlan JSON) for the current config, from `user_config["plans"]`.
+        self.stored_plans: dict[str, dict[str, Any]] = {}
+        self._even_logged: set[tuple[str, str]] = set()
         self.started_at_s = time.time()
         self._queue_gauge = metrics.group_queue_length()
 
@@ -147,21 +153,34 @@ class GroupReplica:
             source = source.model_copy(update={"adaptive_artifacts": otas.artifacts})
         # Text: the stages run embeddings and blocks; pooling of packed rows happens here, per request.
         num_layers = _num_layers(source) - (1 if spec.kind == "text" else 0)
-        plan = ParallelPlan.even(num_layers, pipeline_stages=self.config.pipeline_stages, intra_op_degree=self.config.intra_op_degree)
+        plan, plan_origin = self._plan_for(spec.name, num_layers)
         bundle_indices = None
         if self.placement_group is not None:
             # Bundle 0 is the replica's own; stage s shard r runs on the device bundle 1 + s * degree + r.
             bundle_indices = [1 + k for k in range(plan.num_actors)]
+        # Each stage actor takes its model's share of its device bundle: num_gpus on GPUs, the logical resource on CPUs.
+        reservation = device_reservation(self.device_resource, 1.0 / MAX_MODELS_PER_GROUP)
         runtime = ModelParallelGroup(
             source, plan, placement_group=self.placement_group, bundle_indices=bundle_indices, num_cpus_per_actor=0.0,
             num_threads_per_actor=self._threads_per_device(),
-            actor_resources={self.device_resource: 1.0 / MAX_MODELS_PER_GROUP} if self.device_resource != "CPU" else None,
+            actor_resources=reservation.get("resources"), num_gpus_per_actor=reservation.get("num_gpus", 0.0),
         )
         logger.info("group %s: started %s (%s)", self.group_name, spec.name, self.config.key())
-        hosted = HostedModel(spec=spec, runtime=runtime, tokenizer=tokenizer)
+        hosted = HostedModel(spec=spec, runtime=runtime, tokenizer=tokenizer, plan_origin=plan_origin)
         if spec.kind == "vision":
             self._attach_vision_engine(hosted, otas_parts)
         return hosted
+
+    def _plan_for(self, model: str, num_layers: int) -> tuple[ParallelPlan, PlanOrigin]:
+        """The plan stored with the model's profile for this config, else even cuts (logged once per model and config)."""
+        assert self.config is not None
+        plan, origin = stored_or_even(self.stored_plans.get(model), num_layers, self.config.pipeline_stages,
+                                      self.config.intra_op_degree)
+        if origin == "even" and (model, self.config.key()) not in self._even_logged:
+            self._even_logged.add((model, self.config.key()))
+            logger.info("group %s: no planned stage cuts for %s under %s in the profiles; falling back to even cuts",
+                        self.group_name, model, self.config.key())
+        return plan, origin
 
     def _threads_per_device(self) -> int:
         """Torch threads of each stage actor: one per whole CPU of its device bundle, at least one."""
@@ -188,10 +207,14 @@ class GroupReplica:
         if self.placement_group is not None and num_devices > self._device_bundles():
             raise ValueError(f"group {self.group_name}: user_config.num_devices={num_devices} but the replica holds "
                              f"{self._device_bundles()} device bundles")
+        plans = user_config.get("plans", {})
         restart_all = config != self.config
         self.config = config
+        changed_plans = {name for name in set(plans) | set(self.stored_plans) if plans.get(name) != self.stored_plans.get(name)}
+        self.stored_plans = plans
         wanted = {spec.name: spec for spec in specs}
-        to_start = [spec for name, spec in wanted.items() if restart_all or name not in self.models or self.models[name].spec != spec]
+        to_start = [spec for name, spec in wanted.items()
+                    if restart_all or name not in self.models or self.models[name].spec != spec or name in changed_plans]
         # Models start side by side: each waits mostly for its stage actors' processes to come up.
         started = dict(zip([spec.name for spec in to_start],
                            await asyncio.gather(*(asyncio.to_thread(self._start_model, spec) for spec in to_start))))
@@ -357,6 +380,8 @@ class GroupReplica:
             "placement_version": self.placement_version, "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
             "started_at_s": self.started_at_s, "queue_length": self.queue_length(), "stage_actor_pids": stage_pids,
             "rebuilds": {name: hosted.rebuilds for name, hosted in self.models.items()},
+            "stage_cuts": {name: {"origin": h.plan_origin, "stages": [[s.start_layer, s.end_layer] for s in h.runtime.plan.stages]}
+                           for name, h in self.models.items()},
             "runtime_lengths_tokens": {name: list(h.runtime_lengths_tokens) for name, h in self.models.items() if h.runtime_lengths_tokens},
             "passes_by_width_tokens": {name: dict(h.passes_by_width) for name, h in self.models.items() if h.tokenizer is not None},
             "engines": {name: h.engine.totals.as_dict() for name, h in self.models.items() if h.engine is not None},

@@ -1,0 +1,78 @@
+"""One device choice for every deployment and actor (`models.device`): CUDA exactly on a GPU cluster with a visible
+GPU, `num_gpus` reserved (fractional when models share a device), CPU-only clusters unchanged. No GPU needed:
+`torch.cuda.is_available` is mocked, and actor options are read without starting Ray."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.device import device_reservation, select_device
+from parallel.group_runtime import ModelParallelGroup
+from parallel.plan import ParallelPlan
+from parallel.stage_layers import ModelSource
+from placement.core.deployment_spec import parse_spec
+from rayserve_apps.app import bind_polymorph_model, model_actor_options
+from rayserve_apps.replicas.group import MAX_MODELS_PER_GROUP
+
+
+@pytest.mark.parametrize("resource, cuda_available, expected", [
+    ("GPU", True, "cuda"), ("GPU", False, "cpu"), ("CPU", True, "cpu"), ("device", True, "cpu"), ("device", False, "cpu"),
+])
+def test_cuda_exactly_when_the_resource_is_a_gpu_and_torch_sees_one(monkeypatch, resource, cuda_available, expected):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda_available)
+    assert select_device(resource) == torch.device(expected)
+
+
+def test_reservation_is_num_gpus_on_gpus_a_logical_resource_elsewhere_and_nothing_for_cpu():
+    assert device_reservation("GPU", 0.25) == {"num_gpus": 0.25}
+    assert device_reservation("device", 0.25) == {"resources": {"device": 0.25}}
+    assert device_reservation("device", 0.25, logical=False) == {}
+    assert device_reservation("CPU", 1.0) == {}
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="share"):
+            device_reservation("GPU", bad)
+
+
+def _spec(device_resource: str, share: float | None = None):
+    model = {"name": "minilm", "kind": "text", "source": "package:all-minilm-l6-v2", "num_cpus_per_replica": 0.5}
+    if share is not None:
+        model["device_share_per_replica"] = share
+    return parse_spec({"cluster": {"num_devices": 1, "device_resource": device_resource}, "models": [model]})
+
+
+def test_single_model_deployments_reserve_a_named_gpu_share_only_on_gpu_clusters():
+    gpu = _spec("GPU", share=0.5)
+    options = model_actor_options(gpu.model("minilm"), gpu.cluster.device_resource)
+    assert options["num_gpus"] == 0.5 and options["num_cpus"] == 0.5
+    # No share named (the default, and what a spec without a `cluster` section gets): no GPU reserved, so the
+    # deployment starts on a machine without GPUs.
+    assert "num_gpus" not in model_actor_options(_spec("GPU").model("minilm"), "GPU")
+    for cpu_only in ("device", "CPU"):
+        options = model_actor_options(_spec(cpu_only, share=0.5).model("minilm"), cpu_only)
+        assert "num_gpus" not in options and "resources" not in options
+    with pytest.raises(ValueError, match="device_share_per_replica"):
+        _spec("GPU", share=2.0)
+
+
+def test_polymorph_runtime_replicas_reserve_the_gpu_share():
+    spec = _spec("GPU", share=0.25)
+    app = bind_polymorph_model(spec.model("minilm"), {"capacities": {32: 4.0}}, "x", device_resource="GPU")
+    assert app._bound_deployment.ray_actor_options["num_gpus"] == 0.25
+    cpu_app = bind_polymorph_model(spec.model("minilm"), {"capacities": {32: 4.0}}, "x")
+    assert "num_gpus" not in cpu_app._bound_deployment.ray_actor_options
+
+
+@pytest.mark.parametrize("resource", ["GPU", "device"])
+def test_group_stage_actors_take_their_models_share_of_the_device(monkeypatch, resource):
+    monkeypatch.setattr(ModelParallelGroup, "_start", lambda self: None)  # options only: no actors, no Ray
+    reservation = device_reservation(resource, 1.0 / MAX_MODELS_PER_GROUP)
+    group = ModelParallelGroup(ModelSource(name="m", kind="vision", source="timm:vit_tiny_patch16_224"),
+                               ParallelPlan.even(4, pipeline_stages=2), num_cpus_per_actor=0.0,
+                               actor_resources=reservation.get("resources"),
+                               num_gpus_per_actor=reservation.get("num_gpus", 0.0))
+    options = group._actor_options(0)
+    if resource == "GPU":  # Ray refuses "GPU" inside `resources`: it must be num_gpus
+        assert options["num_gpus"] == 1.0 / MAX_MODELS_PER_GROUP and "resources" not in options
+    else:
+        assert options["num_gpus"] == 0.0 and options["resources"] == {"device": 1.0 / MAX_MODELS_PER_GROUP}

@@ -1,0 +1,94 @@
+"""A move priced through its rollout, and the one-replica moves from the running placement (synthetic profiles)."""
+
+import numpy as np
+import pytest
+
+from placement.alpaserve.local_search import neighbours
+from placement.alpaserve.paper_profiles import model_profile
+from placement.alpaserve.placement_rollout import SlotLayout
+from placement.alpaserve.simulator import SimulatorConfig
+from placement.alpaserve.transition import TransitionModel, attainment_through, rollout_timeline, scaled_profiles
+from placement.core.placement_plan import GroupPlacement, Placement
+from placement.core.profiles import ParallelConfig, ProfileSet
+from placement.core.workload import Workload
+
+GIB = 1024**3
+LATENCY_S = 0.1
+
+
+def profiles(load_s: dict[str, float] | None = None) -> ProfileSet:
+    models = {m: model_profile(m, GIB, LATENCY_S) for m in "abc"}
+    for name, seconds in (load_s or {}).items():
+        models[name].configs[0] = models[name].configs[0].model_copy(update={"load_s": seconds})
+    return ProfileSet(source="synthetic", device="stand-in", models=models)
+
+
+def group(*models: str) -> GroupPlacement:
+    return GroupPlacement(num_devices=1, config=ParallelConfig(), models=list(models))
+
+
+def test_a_rehost_loads_only_what_it_adds_and_serves_what_stays_routed_meanwhile():
+    current = SlotLayout(slots=[group("a"), group("b")])
+    target = Placement(groups=[group("a", "c"), group("b")])
+    transition = TransitionModel(step_overhead_s=1.0, load_bandwidth_bytes_per_s=GIB / 4)
+    spans, rollout_s = rollout_timeline(current, target, profiles(), 2, transition, horizon_s=30.0)
+    assert rollout_s == pytest.approx(1.0 + 4.0)  # the overhead and c's 1 GiB at a quarter GiB per second
+    assert [(s.start_s, s.end_s, s.loading) for s in spans] == [(0.0, 5.0, True), (5.0, 30.0, False)]
+    assert [g.models for g in spans[0].placement.groups] == [["a"], ["b"]]  # c does not serve before it is loaded
+    assert sorted(map(sorted, (g.models for g in spans[1].placement.groups))) == [["a", "c"], ["b"]]
+    # A load time measured with the profile wins over the stand-in bandwidth.
+    _, measured = rollout_timeline(current, target, profiles({"c": 9.0}), 2, transition, horizon_s=30.0)
+    assert measured == pytest.approx(1.0 + 9.0)
+
+
+def test_a_new_group_restarts_a_replica_and_loads_all_its_models():
+    current = SlotLayout(slots=[group("a"), None])
+    target = Placement(groups=[group("a"), group("b", "c")])
+    transition = TransitionModel(step_overhead_s=0.0, replica_start_s=3.0, load_bandwidth_bytes_per_s=GIB)
+    spans, rollout_s = rollout_timeline(current, target, profiles(), 2, transition, horizon_s=10.0)
+    assert rollout_s == pytest.approx(3.0 + 2.0)
+
+
+def test_requests_that_arrive_while_nothing_serves_them_are_missed_and_loading_slows_serving():
+    current = SlotLayout(slots=[group("a"), group("b")])
+    target = Placement(groups=[group("a", "c"), group("b")])
+    transition = TransitionModel(step_overhead_s=0.0, load_bandwidth_bytes_per_s=GIB / 10, loading_slowdown=3.0)
+    spans, _ = rollout_timeline(current, target, profiles(), 2, transition, horizon_s=20.0)
+    c_requests = Workload(["a", "b", "c"], np.array([1.0, 5.0, 15.0]), np.array([2, 2, 2]), np.full(3, 0.5))
+    assert attainment_through(spans, profiles(), c_requests, SimulatorConfig()) == pytest.approx(1 / 3)  # only the one after t=10
+    a_request = Workload(["a", "b", "c"], np.array([1.0]), np.array([0]), np.array([0.25]))  # 0.1 s, 0.3 s while loading
+    assert attainment_through(spans, profiles(), a_request, SimulatorConfig()) == 1.0
+    slowed = scaled_profiles(profiles(), transition.loading_slowdown)
+    assert attainment_through(spans, profiles(), a_request, SimulatorConfig(), loading_profiles=slowed) == 0.0
+
+
+def test_local_moves_keep_every_model_hosted_and_fit_memory():
+    current = Placement(groups=[group("a", "b"), group("c")])
+    moves = dict(neighbours(current, ["a", "b", "c"], profiles(), device_memory_bytes=int(2.5 * GIB)))
+    assert "add a to group 1" in moves and "add c to group 0" not in moves  # group 0 holds two models: full
+    assert "move a from group 0 to group 1" in moves
+    assert not any(d.startswith("remove") for d in moves)  # every model has a single replica
+    for placement in moves.values():
+        assert placement.models() == {"a", "b", "c"}
+        placement.check_memory(profiles(), int(2.5 * GIB))
+    replicated = Placement(groups=[group("a", "b"), group("a", "c")])
+    moves = dict(neighbours(replicated, ["a", "b", "c"], profiles(), device_memory_bytes=int(2.5 * GIB)))
+    assert "remove a from group 0" in moves and "swap a for c in group 0" in moves and "remove b from group 0" not in moves
+
+
+def test_two_window_rate_test_flags_a_shift_and_not_steady_poisson_traffic():
+    from placement.core.traffic_window import RequestRecord, TrafficWindow, detect_rate_shifts
+
+    rng = np.random.default_rng(0)
+    window = TrafficWindow(window_s=20.0)
+    steady = np.sort(rng.uniform(0, 20, 200))  # b: 10/s throughout
+    a_before = np.sort(rng.uniform(0, 10, 20))  # a: 2/s, then 12/s
+    a_after = np.sort(rng.uniform(10, 20, 120))
+    window.add([RequestRecord("b", float(t), "ok") for t in steady] + [RequestRecord("a", float(t), "ok") for t in [*a_before, *a_after]])
+    shifts = detect_rate_shifts(window, 20.0, ["a", "b", "c"], window_s=10.0, z_threshold=4.0, min_ratio=1.5, min_requests=20)
+    assert [s.model for s in shifts] == ["a"]
+    assert shifts[0].before_per_s == pytest.approx(2.0) and shifts[0].after_per_s == pytest.approx(12.0) and shifts[0].z > 4
+    # Too few requests: no judgement.
+    assert detect_rate_shifts(window, 20.0, ["a"], 10.0, 4.0, 1.5, min_requests=1000) == []
+    with pytest.raises(ValueError, match="window_s"):
+        detect_rate_shifts(window, 20.0, ["a"], 15.0, 4.0, 1.5, 20)
