@@ -143,7 +143,8 @@ def table1_model_set(set_name: str, overhead: OverheadModel | None = None) -> Pa
             instance = f"{model}-{i}"
             models[instance] = base.models[model].model_copy(update={"name": instance})
             instance_of[instance] = model
-    return PaperModelSet(profiles=ProfileSet(source=base.source, device=base.device, models=models), instance_of=instance_of)
+    return PaperModelSet(profiles=ProfileSet(source=base.source, device=base.device, models=models),
+                         instance_of=instance_of)
 
 
 def replicate_profiles(profiles: ProfileSet, counts: dict[str, int]) -> PaperModelSet:
