@@ -161,8 +161,8 @@ class _LatencyCurve:
             return self.runtime.profiled_latency_s(load)
         rho = load * self.rho_per_load
         capped = np.minimum(rho, RHO_CAP)
-        return (self.single + self.batch_s
-                * (capped / (2.0 * (1.0 - capped)) + np.maximum(rho - RHO_CAP, 0.0) * self.slope))
+        return (self.single
+                + self.batch_s * (capped / (2.0 * (1.0 - capped)) + np.maximum(rho - RHO_CAP, 0.0) * self.slope))
 
 
 def solve_allocation(profiles: RuntimeProfileSet, requests_per_slo: Sequence[float],
