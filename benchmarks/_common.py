@@ -46,7 +46,8 @@ def out_dir() -> Path:
 
 def machine_description() -> str:
     """A one-line description of the machine the figures were measured on."""
-    return f"{platform.node()} {platform.machine()} {platform.processor() or ''} python {platform.python_version()}".strip()
+    return (f"{platform.node()} {platform.machine()} {platform.processor() or ''} python "
+            f"{platform.python_version()}").strip()
 
 
 def _jsonable(value: Any) -> Any:

@@ -78,7 +78,8 @@ def clipped_normal_lengths(count: int, variance: float, rng: random.Random) -> l
     return [min(MAX_TOKENS, max(MIN_TOKENS, round(rng.gauss(MEAN_TOKENS, sigma)))) for _ in range(count)]
 
 
-def make_token_ids(lengths: Sequence[int], cls_id: int, sep_id: int, vocab_size: int, rng: random.Random) -> list[list[int]]:
+def make_token_ids(lengths: Sequence[int], cls_id: int, sep_id: int, vocab_size: int,
+                   rng: random.Random) -> list[list[int]]:
     """Generated requests: [CLS] random wordpieces [SEP], each of the given total length."""
     return [[cls_id] + [rng.randrange(FIRST_WORD_ID, vocab_size) for _ in range(n - 2)] + [sep_id] for n in lengths]
 
@@ -102,7 +103,8 @@ def time_engines(steps: dict[str, list[Callable[[], object]]], repeats: int) -> 
 
 def padded_steps(engine, token_ids: list[list[int]]) -> list[Callable[[], object]]:
     """The forward passes of a padded baseline, tensors built beforehand (only the forward is timed)."""
-    batches = [engine.padded_batch([token_ids[i] for i in batch]) for batch in engine.batches([len(t) for t in token_ids])]
+    batches = [engine.padded_batch([token_ids[i] for i in batch])
+               for batch in engine.batches([len(t) for t in token_ids])]
     return [lambda b=b: engine.encoder.embed_tokens(b) for b in batches]
 
 
@@ -119,7 +121,8 @@ def oracle_steps(encoder, total_tokens: int, tokens_per_batch: int) -> list[Call
     num_requests = max(1, round(total_tokens / MEAN_TOKENS))
     steps = []
     for start in range(0, num_requests, per_batch):
-        ids = torch.randint(FIRST_WORD_ID, encoder.tokenizer.vocab_size, (min(per_batch, num_requests - start), MEAN_TOKENS))
+        ids = torch.randint(FIRST_WORD_ID, encoder.tokenizer.vocab_size,
+                            (min(per_batch, num_requests - start), MEAN_TOKENS))
         batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
         steps.append(lambda b=batch: encoder.embed_tokens(b))
     return steps
@@ -135,7 +138,8 @@ def engine_throughput(encoder, token_ids: list[list[int]], repeats: int) -> dict
     }
     stats = {name: engine.embed(token_ids).stats for name, engine in engines.items()}  # warm-up and statistics
     total_tokens = sum(map(len, token_ids))
-    steps = {name: (concat_steps(engine, token_ids) if isinstance(engine, ConcatBatchingEngine) else padded_steps(engine, token_ids))
+    steps = {name: (concat_steps(engine, token_ids) if isinstance(engine, ConcatBatchingEngine)
+                    else padded_steps(engine, token_ids))
              for name, engine in engines.items()}
     steps["oracle"] = oracle_steps(encoder, total_tokens, NUM_ROWS * ROW_LENGTH_TOKENS)
     seconds_by_engine = time_engines(steps, repeats)
@@ -151,8 +155,10 @@ def engine_throughput(encoder, token_ids: list[list[int]], repeats: int) -> dict
 def max_abs_diff(encoder, token_ids: list[list[int]]) -> float:
     """Packed (both variants) vs one-request-at-a-time embeddings."""
     sample = token_ids[:48]
-    reference = torch.cat([encoder.embed_tokens({"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long),
-                                                 "token_type_ids": torch.zeros(1, len(ids), dtype=torch.long)}) for ids in sample])
+    reference = torch.cat([encoder.embed_tokens({"input_ids": torch.tensor([ids]),
+                                                 "attention_mask": torch.ones(1, len(ids), dtype=torch.long),
+                                                 "token_type_ids": torch.zeros(1, len(ids),
+                                                                               dtype=torch.long)}) for ids in sample])
     packed = PackedTextEncoder(encoder)
     worst = 0.0
     for slot in (None, max(SLOT_SIZE_TOKENS, max(map(len, sample)))):
@@ -198,7 +204,8 @@ def measure_latency_model(encoder, repeats: int, granularity_tokens: int) -> Lat
     return LatencyModel(per_token)
 
 
-def poisson_trace(rate_per_s: float, duration_s: float, slo_s: float, variance: float, rng: random.Random) -> list[TextRequest]:
+def poisson_trace(rate_per_s: float, duration_s: float, slo_s: float, variance: float,
+                  rng: random.Random) -> list[TextRequest]:
     trace = []
     for index, now in enumerate(poisson_arrivals(rate_per_s, 0.0, duration_s, rng)):
         length = clipped_normal_lengths(1, variance, rng)[0]
@@ -314,7 +321,8 @@ def run_e2e(quick: bool, token_ids: list[list[int]]) -> dict:
                                 "num_rows": E2E_NUM_ROWS, "row_length_tokens": E2E_ROW_LENGTH_TOKENS}}}}]}
         serve.run(build_app(spec), name="plexserve-bench", route_prefix="/plexserve-bench")
         plex = serve.get_deployment_handle("model-minilm", app_name="plexserve-bench")
-        baseline = serve.run(_serve_batch_baseline(E2E_NUM_ROWS * E2E_ROW_LENGTH_TOKENS, E2E_BATCH_WAIT_MS / 1000).bind(),
+        baseline = serve.run(_serve_batch_baseline(E2E_NUM_ROWS * E2E_ROW_LENGTH_TOKENS,
+                                                   E2E_BATCH_WAIT_MS / 1000).bind(),
                              name="serve-batch-bench", route_prefix="/serve-batch-bench")
         warm = token_ids[:8]
         for handle in (plex, baseline):
@@ -324,8 +332,10 @@ def run_e2e(quick: bool, token_ids: list[list[int]]) -> dict:
         for round_index in range(rounds):  # interleaved: the machine is shared and noisy
             for name, handle in (("plexserve", plex), ("serve_batch", baseline)):
                 results[name].append(asyncio.run(_drive(handle, token_ids, E2E_CONCURRENCY)))
-                log.info("e2e round %d %s: %s", round_index + 1, name, {k: round(v, 1) for k, v in results[name][-1].items()})
-        summary = {name: {key: statistics.median(r[key] for r in runs) for key in runs[0]} for name, runs in results.items()}
+                log.info("e2e round %d %s: %s", round_index + 1, name,
+                         {k: round(v, 1) for k, v in results[name][-1].items()})
+        summary = {name: {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+                   for name, runs in results.items()}
         summary["ratio"] = summary["plexserve"]["requests_per_s"] / summary["serve_batch"]["requests_per_s"]
         summary["concurrency"] = E2E_CONCURRENCY
         return summary
@@ -362,7 +372,8 @@ def plot(throughputs: dict[int, dict[str, EngineTiming]], utility: dict, path) -
 def main() -> None:
     parser = make_parser(__doc__)
     parser.add_argument("--requests", type=int, default=None, help="requests per engine run")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads of the engine part (1: no OpenMP spinning on a shared machine)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads of the engine part (1: no OpenMP spinning on a shared machine)")
     parser.add_argument("--skip-e2e", action="store_true", help="skip the Ray Serve end-to-end part")
     args = parser.parse_args()
     num_requests = args.requests or (128 if args.quick else 1024)
@@ -388,12 +399,14 @@ def main() -> None:
     main_timings = throughputs[VARIANCES[0]]
     utility = utility_curves(latency, VARIANCES[0], granularity)
     past_saturation = [i for i, m in enumerate(RATE_MULTIPLES) if m > 1.0]
-    das_wins = all(utility["utility_per_s"]["das"][i] > max(utility["utility_per_s"][n][i] for n in ("fcfs", "sjf", "edf"))
+    das_wins = all(utility["utility_per_s"]["das"][i] > max(utility["utility_per_s"][n][i]
+                                                            for n in ("fcfs", "sjf", "edf"))
                    for i in past_saturation)
 
     e2e = None
     if not args.skip_e2e:
-        e2e_lengths = [min(n, E2E_ROW_LENGTH_TOKENS) for n in clipped_normal_lengths(256 if args.quick else 1024, VARIANCES[0], rng)]
+        e2e_lengths = [min(n, E2E_ROW_LENGTH_TOKENS)
+                       for n in clipped_normal_lengths(256 if args.quick else 1024, VARIANCES[0], rng)]
         e2e_ids = make_token_ids(e2e_lengths, tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.vocab_size, rng)
         e2e = run_e2e(args.quick, e2e_ids)
 
@@ -403,15 +416,21 @@ def main() -> None:
         "ratio_vs_naive": main_timings["concat"].requests_per_s / main_timings["naive"].requests_per_s,
         "ratio_vs_sorted": main_timings["concat"].requests_per_s / main_timings["sorted"].requests_per_s,
         "oracle_ratio": main_timings["concat"].seconds / main_timings["oracle"].seconds,
-        "slotted_ratio_vs_concat": main_timings["slotted_concat"].requests_per_s / main_timings["concat"].requests_per_s,
+        "slotted_ratio_vs_concat": (main_timings["slotted_concat"].requests_per_s
+                                    / main_timings["concat"].requests_per_s),
         "e2e_ratio_vs_serve_batch": None if e2e is None else e2e.get("ratio"),
         "e2e": e2e,
         "max_abs_diff": diff,
-        "requests_per_s": {str(v): {k: t.requests_per_s for k, t in timings.items()} for v, timings in throughputs.items()},
-        "padding_fraction": {str(v): {k: t.padding_fraction for k, t in timings.items()} for v, timings in throughputs.items()},
-        "ratio_vs_naive_variance_100": throughputs[VARIANCES[1]]["concat"].requests_per_s / throughputs[VARIANCES[1]]["naive"].requests_per_s,
-        "ratio_vs_sorted_variance_100": throughputs[VARIANCES[1]]["concat"].requests_per_s / throughputs[VARIANCES[1]]["sorted"].requests_per_s,
-        "oracle_ratio_variance_100": throughputs[VARIANCES[1]]["concat"].seconds / throughputs[VARIANCES[1]]["oracle"].seconds,
+        "requests_per_s": {str(v): {k: t.requests_per_s for k, t in timings.items()}
+                           for v, timings in throughputs.items()},
+        "padding_fraction": {str(v): {k: t.padding_fraction for k, t in timings.items()}
+                             for v, timings in throughputs.items()},
+        "ratio_vs_naive_variance_100": (throughputs[VARIANCES[1]]["concat"].requests_per_s
+                                        / throughputs[VARIANCES[1]]["naive"].requests_per_s),
+        "ratio_vs_sorted_variance_100": (throughputs[VARIANCES[1]]["concat"].requests_per_s
+                                         / throughputs[VARIANCES[1]]["sorted"].requests_per_s),
+        "oracle_ratio_variance_100": (throughputs[VARIANCES[1]]["concat"].seconds
+                                      / throughputs[VARIANCES[1]]["oracle"].seconds),
         "utility": utility,
         "das_beats_fcfs_sjf_edf_past_saturation": das_wins,
         "png": str(path),

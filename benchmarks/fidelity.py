@@ -23,8 +23,8 @@ and controller_gain_real_mean (controller run minus static run, second half, per
 run, real vs simulated), transition_cost_predicted and transition_cost_real (attainment lost per request while a
 rollout runs: the decision's prediction vs the live run against the target simulated as deployed), reaction_s (the
 shift at half time to the first re-placement applied after it), failed_accepted, unchanged_p99_ratio (step 6), and
-per trace its figures, decisions and re-placements. The profiles carry the measured weight load time (load_s). A PNG timeline (rate per model,
-attainment per window, re-placements) goes to benchmarks/out/fidelity.png.
+per trace its figures, decisions and re-placements. The profiles carry the measured weight load time (load_s). A PNG
+timeline (rate per model, attainment per window, re-placements) goes to benchmarks/out/fidelity.png.
 
     python benchmarks/fidelity.py --quick
 """
@@ -125,9 +125,11 @@ async def measure_step_s(spec: dict, load_s: float) -> float:
     group = serve.get_deployment_handle(group_deployment_name(1), app_name="plexserve")
 
     async def apply(groups: list[list[str]], slot_versions: list[int], version: int) -> float:
-        layout = SlotLayout.from_placement(Placement.model_validate({"groups": [one_device_group(g) for g in groups]}), len(groups))
+        layout = SlotLayout.from_placement(Placement.model_validate({"groups": [one_device_group(g) for g in groups]}),
+                                           len(groups))
         started = time.perf_counter()
-        await asyncio.to_thread(apply_overrides, "plexserve", layout_overrides(parsed, layout, layout.routes(), slot_versions, version))
+        await asyncio.to_thread(apply_overrides, "plexserve",
+                                layout_overrides(parsed, layout, layout.routes(), slot_versions, version))
         while (await ingress.placement_version.remote() < version
                or (await group.info.remote())["placement_version"] < slot_versions[1]):
             await asyncio.sleep(0.1)
@@ -137,7 +139,8 @@ async def measure_step_s(spec: dict, load_s: float) -> float:
     load_step_s = await apply([MODELS, MODELS], [1, 2], 2)  # and loads again: a rehost step
     route_s = await apply([MODELS, MODELS], [1, 2], 3)  # the ingress alone
     step_s = max(load_step_s - load_s, 0.0) + 2 * route_s
-    log.info("rollout step: %.1f s to load a model into a running group, %.1f s to re-route; %.1f s per step besides loading",
+    log.info("rollout step: %.1f s to load a model into a running group, %.1f s to re-route; %.1f s per step "
+             "besides loading",
              load_step_s, route_s, step_s)
     return step_s
 
@@ -145,7 +148,8 @@ async def measure_step_s(spec: dict, load_s: float) -> float:
 def spec_dict(placement: dict | None, profiles_path: str | None, slo_ms: float, period_s: float, memory_bytes: int,
               step_overhead_s: float | None = None) -> dict:
     spec: dict = {
-        "cluster": {"num_devices": NUM_DEVICES, "device_resource": DEVICE_RESOURCE, "device_memory_bytes": memory_bytes},
+        "cluster": {"num_devices": NUM_DEVICES, "device_resource": DEVICE_RESOURCE,
+                    "device_memory_bytes": memory_bytes},
         "models": [{"name": m, "kind": "text", "source": "package:all-minilm-l6-v2", "slo_ms": slo_ms,
                     "num_cpus_per_replica": 0.5, "max_queued_requests": 64} for m in MODELS],
         "placement": placement,
@@ -191,7 +195,8 @@ async def profile_live(handle) -> tuple[dict[str, float], float]:
         through = [await timed(handle.embed.remote(model, [TEXT])) for _ in range(PROFILE_REQUESTS)]
         service[model] = float(np.median(direct))
         overhead.append(float(np.median(through)) - service[model])
-        log.info("profile %s: %.1f ms in the group, %.1f ms through the ingress", model, 1e3 * service[model], 1e3 * np.median(through))
+        log.info("profile %s: %.1f ms in the group, %.1f ms through the ingress", model, 1e3 * service[model],
+                 1e3 * np.median(through))
     return service, max(0.0, float(np.median(overhead)))
 
 
@@ -219,7 +224,8 @@ def measured_profiles(service_s: dict[str, float], weight_bytes: int, load_s: fl
 
     models = {m: ModelProfile(name=m, configs=[ConfigProfile(config=ParallelConfig(), load_s=load_s, stages=[
         StageProfile(latency_s={1: s}, weight_bytes_per_device=weight_bytes)])]) for m, s in service_s.items()}
-    return ProfileSet(source="measured", device=f"1 logical device = 0.5 CPU share of {machine_description()}", models=models)
+    return ProfileSet(source="measured", device=f"1 logical device = 0.5 CPU share of {machine_description()}",
+                      models=models)
 
 
 def make_trace(total_rate: float, duration_s: float, slo_s: float, seed: int):
@@ -227,7 +233,8 @@ def make_trace(total_rate: float, duration_s: float, slo_s: float, seed: int):
     from placement.core.workload import ModelTraffic, Workload, generate_workload
 
     half = duration_s / 2
-    parts = [generate_workload(MODELS, [ModelTraffic(GammaProcess(total_rate * share, TRACE_CV), slo_s) for share in shares],
+    parts = [generate_workload(MODELS,
+                               [ModelTraffic(GammaProcess(total_rate * share, TRACE_CV), slo_s) for share in shares],
                                half, seed=seed + k, start_s=k * half)
              for k, shares in enumerate((SHARES_BEFORE, SHARES_AFTER))]
     return Workload.merge(parts)
@@ -266,7 +273,8 @@ async def replay(handle, workload, slo_s: float) -> dict[str, np.ndarray]:
             next_report += 10.0
     await asyncio.gather(*tasks)
     met = (outcome == 0) & (latency <= slo_s)
-    return {"latency": latency, "outcome": outcome, "met": met, "start_wall": time.time() - (time.perf_counter() - start)}
+    return {"latency": latency, "outcome": outcome, "met": met,
+            "start_wall": time.time() - (time.perf_counter() - start)}
 
 
 def simulate_piecewise(timeline: list[tuple], profiles, workload, overhead_s: float) -> np.ndarray:
@@ -386,7 +394,8 @@ async def steady_replacement(handle, controller, capacity_per_s: float, seed: in
             records.append((model, sent, None, "rejected:back_pressure"))
         except Exception as error:  # noqa: BLE001 - sorted into rejected (503, with the reason) and failed
             rejected = getattr(error, "status_code", None) == 503
-            records.append((model, sent, None, f"rejected:{getattr(error, 'error_type', '?')}" if rejected else "failed"))
+            records.append((model, sent, None,
+                            f"rejected:{getattr(error, 'error_type', '?')}" if rejected else "failed"))
 
     async def traffic() -> None:
         rate, tasks = STEADY_LOAD_FACTOR * capacity_per_s, []
@@ -415,7 +424,8 @@ async def steady_replacement(handle, controller, capacity_per_s: float, seed: in
     by_model = {m: dict(Counter(r[3] for r in records if r[0] == m)) for m in ("minilm-a", "minilm-b")}
     log.info("steady re-placement (%s, %.1f s): minilm-a p99 %.0f ms before, %.0f ms during; %s", decision["outcome"],
              rollout_s, 1e3 * before_p99, 1e3 * during_p99, outcomes)
-    return {"rollout_s": rollout_s, "unchanged_p99_before_ms": 1e3 * before_p99, "unchanged_p99_during_ms": 1e3 * during_p99,
+    return {"rollout_s": rollout_s, "unchanged_p99_before_ms": 1e3 * before_p99,
+            "unchanged_p99_during_ms": 1e3 * during_p99,
             "unchanged_p99_ratio": during_p99 / before_p99, **outcomes, "outcomes_by_model": by_model}
 
 
@@ -436,7 +446,8 @@ async def controller_trace(handle, controller, profiles, transition, overhead_s:
     trace = make_trace(total_rate, duration_s, slo_s, seed=seed)
     log.info("trace seed %d: %.0f requests/s over %.0f s (%d requests)", seed, total_rate, duration_s, len(trace))
     first_half = trace.window(0.0, duration_s / 2)
-    initial = plan(MODELS, profiles, first_half, NUM_DEVICES, memory_bytes, PlannerConfig(max_group_devices=1)).normalize()
+    initial = plan(MODELS, profiles, first_half, NUM_DEVICES, memory_bytes,
+                   PlannerConfig(max_group_devices=1)).normalize()
     log.info("%s", initial.describe())
     initial_groups = {"groups": [g.model_dump(mode="json") for g in initial.groups]}
     await controller.pause.remote(True)
@@ -471,7 +482,8 @@ async def controller_trace(handle, controller, profiles, transition, overhead_s:
     static_sim = simulate_piecewise([(-np.inf, initial)], profiles, trace, overhead_s)
     dynamic_sim = simulate_piecewise(timeline, profiles, trace, overhead_s)
     # The transition model the controller was given (measured step time, stand-in slowdown) predicts here too.
-    dynamic_through = simulate_piecewise(through_rollouts(initial, rollouts, profiles, transition), profiles, trace, overhead_s)
+    dynamic_through = simulate_piecewise(through_rollouts(initial, rollouts, profiles, transition), profiles, trace,
+                                         overhead_s)
     # Transition cost, predicted: the chosen candidate's horizon loss (as deployed minus through its rollout) per
     # request of the rollout span; real: the attainment the target would have had over the rollout span's requests
     # (simulated as deployed) minus what the live system reached on them.
@@ -503,7 +515,8 @@ async def controller_trace(handle, controller, profiles, transition, overhead_s:
         "transition_cost_predicted": float(np.mean(predicted_costs)) if predicted_costs else None,
         "transition_cost_real": float(np.mean(real_costs)) if real_costs else None,
         "reaction_s": (after_shift[0] - shift_s) if after_shift else None,
-        "decisions": [{"trigger": d.get("trigger"), "chosen": d.get("chosen"), "in_sample_choice": d.get("in_sample_choice"),
+        "decisions": [{"trigger": d.get("trigger"), "chosen": d.get("chosen"),
+                       "in_sample_choice": d.get("in_sample_choice"),
                        "outcome": d.get("outcome"), "at_s": round(d["time_s"] - dynamic["start_wall"], 1),
                        "reason": d.get("reason")} for d in decisions],
         "replacements": [{"at_s": round(t, 1), "groups": d["placement"], "rollout_s": round(d["duration_s"], 1),
@@ -534,7 +547,8 @@ async def run(args) -> dict:
     # Per-request device time under load: the devices' share of the measured throughput, split by lone-time ratios.
     scale = (NUM_DEVICES / throughput) / float(np.mean(list(lone_s.values())))
     service_s = {m: s * max(scale, 1.0) for m, s in lone_s.items()}
-    log.info("throughput with every device busy: %.1f requests/s; per-request device time x%.2f of a lone request", throughput, scale)
+    log.info("throughput with every device busy: %.1f requests/s; per-request device time x%.2f of a lone request",
+             throughput, scale)
     load_s, weight_bytes = measure_load_s()
     log.info("loading one model's weights: %.2f s (%d bytes)", load_s, weight_bytes)
     step_s = await measure_step_s(profiling_spec, load_s)
@@ -552,7 +566,8 @@ async def run(args) -> dict:
     first = make_trace(total_rate, duration_s, slo_s, seed=args.seed).window(0.0, duration_s / 2)
     initial = plan(MODELS, profiles, first, NUM_DEVICES, memory_bytes, PlannerConfig(max_group_devices=1)).normalize()
     initial_groups = {"groups": [g.model_dump(mode="json") for g in initial.groups]}
-    deploy(spec_dict(initial_groups, str(folder / "profiles.json"), 1e3 * slo_s, period_s, memory_bytes, step_s), http_options)
+    deploy(spec_dict(initial_groups, str(folder / "profiles.json"), 1e3 * slo_s, period_s, memory_bytes, step_s),
+           http_options)
     handle = serve.get_app_handle("plexserve")
     controller = serve.get_deployment_handle("PlacementController", app_name="plexserve")
     await controller.pause.remote(True)
@@ -560,8 +575,8 @@ async def run(args) -> dict:
         await handle.embed.remote(model, [TEXT])
 
     log.info("3-5/7 %d traces (static run, controller run, both simulated)", NUM_TRACES)
-    traces = [await controller_trace(handle, controller, profiles, transition, overhead_s, slo_s, total_rate, duration_s,
-                                     period_s, memory_bytes, seed=args.seed + k) for k in range(NUM_TRACES)]
+    traces = [await controller_trace(handle, controller, profiles, transition, overhead_s, slo_s, total_rate,
+                                     duration_s, period_s, memory_bytes, seed=args.seed + k) for k in range(NUM_TRACES)]
 
     log.info("6/7 re-placement under steady load")
     steady = await steady_replacement(handle, controller, capacity, seed=args.seed)
@@ -571,12 +586,16 @@ async def run(args) -> dict:
     burst = await saturate(handle, capacity)
 
     last = traces[0]
-    plot(out_dir() / "fidelity.png", last["trace"], {"controller (real)": last["dynamic"]["met"], "controller (sim)": last["dynamic_sim"],
-                                                    "controller (sim through rollouts)": last["dynamic_through"],
-                                                    "static (real)": last["static"]["met"], "static (sim)": last["static_sim"]},
+    plot(out_dir() / "fidelity.png", last["trace"],
+         {"controller (real)": last["dynamic"]["met"], "controller (sim)": last["dynamic_sim"],
+          "controller (sim through rollouts)": last["dynamic_through"],
+          "static (real)": last["static"]["met"],
+          "static (sim)": last["static_sim"]},
          last["changes"], duration_s)
     failed_accepted = int(sum(t["failed_during_replay"] for t in traces) + burst["failed"] + steady["failed"])
-    per_trace = [{k: v for k, v in t.items() if k not in ("trace", "initial", "static", "dynamic", "static_sim", "dynamic_sim", "dynamic_through", "changes")}
+    per_trace = [{k: v for k, v in t.items()
+                  if k not in ("trace", "initial", "static", "dynamic", "static_sim", "dynamic_sim", "dynamic_through",
+                               "changes")}
                  for t in traces]
     gains = [t["controller_gain_real"] for t in traces]
     present = lambda key: [t[key] for t in traces if t[key] is not None]  # noqa: E731
@@ -585,16 +604,20 @@ async def run(args) -> dict:
         "abs_gap_max": max(t["abs_gap"] for t in traces),
         "abs_gap_through_rollout_max": max(t["abs_gap_through_rollout"] for t in traces),
         "static_abs_gap_max": max(t["static_abs_gap"] for t in traces),
-        "transition_cost_predicted": float(np.mean(present("transition_cost_predicted"))) if present("transition_cost_predicted") else None,
-        "transition_cost_real": float(np.mean(present("transition_cost_real"))) if present("transition_cost_real") else None,
+        "transition_cost_predicted": (float(np.mean(present("transition_cost_predicted")))
+                                      if present("transition_cost_predicted") else None),
+        "transition_cost_real": (float(np.mean(present("transition_cost_real"))) if present("transition_cost_real")
+                                 else None),
         "reaction_s": float(np.mean(present("reaction_s"))) if present("reaction_s") else None,
         "attainment_real": float(np.mean([t["attainment_real"] for t in traces])),
         "attainment_sim": float(np.mean([t["attainment_sim"] for t in traces])),
         "traces": per_trace,
         "failed_accepted": failed_accepted, "saturation": burst,
         "unchanged_p99_ratio": steady["unchanged_p99_ratio"], "steady_replacement": steady,
-        "slo_ms": 1e3 * slo_s, "service_ms": {m: 1e3 * s for m, s in service_s.items()}, "lone_service_ms": {m: 1e3 * s for m, s in lone_s.items()},
-        "load_s": load_s, "step_overhead_s": step_s, "throughput_per_s": throughput, "ingress_overhead_ms": 1e3 * overhead_s,
+        "slo_ms": 1e3 * slo_s, "service_ms": {m: 1e3 * s for m, s in service_s.items()},
+        "lone_service_ms": {m: 1e3 * s for m, s in lone_s.items()},
+        "load_s": load_s, "step_overhead_s": step_s, "throughput_per_s": throughput,
+        "ingress_overhead_ms": 1e3 * overhead_s,
         "duration_s": duration_s, "period_s": period_s, "machine": machine_description(),
     }
     return figures
@@ -603,13 +626,15 @@ async def run(args) -> dict:
 def main() -> None:
     parser = make_parser(__doc__)
     parser.add_argument("--duration-s", type=float, default=None, help="trace length (default 75 s quick, 300 s full)")
-    parser.add_argument("--period-s", type=float, default=None, help="controller period (default 10 s quick, 20 s full)")
+    parser.add_argument("--period-s", type=float, default=None,
+                        help="controller period (default 10 s quick, 20 s full)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     import ray
     from ray import serve
 
-    ray.init(address="local", num_cpus=RAY_NUM_CPUS, resources={DEVICE_RESOURCE: NUM_DEVICES}, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=RAY_NUM_CPUS, resources={DEVICE_RESOURCE: NUM_DEVICES}, include_dashboard=False,
+             log_to_driver=False)
     try:
         figures = asyncio.run(run(args))
     finally:

@@ -120,7 +120,8 @@ def _alpaserve_attainment(system: str, config: PlannerConfig, names, profiles, d
     return simulate_placement(placement, profiles, held_out).slo_attainment()
 
 
-def _sustained(measure: str, grid: Sequence[float], attainment_at: Callable[[float], float]) -> tuple[float | None, list]:
+def _sustained(measure: str, grid: Sequence[float],
+               attainment_at: Callable[[float], float]) -> tuple[float | None, list]:
     """The last grid value, walking from the easy end, at which the goal holds (None: not even the first)."""
     held, curve = None, []
     for value in grid:
@@ -144,7 +145,8 @@ def alpaserve_claims(quick: bool) -> dict:
     presets = {"paper": PlannerConfig.paper(fast=True), "default": PlannerConfig()}
     grids = {"rate": RATE_GRID, "cv": CV_GRID, "slo_scale": SLO_GRID}
     out: dict = {"terms": f"{models} x BERT-6.7B (Table 1 reproduction profiles), {devices} devices, 14 GB/device, "
-                          f"MAF-shaped Gamma windows (>= {windows} x {MAF_WINDOW_S:.0f} s, >= {min_requests} requests), planned on seed {PLAN_SEED}, "
+                          f"MAF-shaped Gamma windows (>= {windows} x {MAF_WINDOW_S:.0f} s, >= {min_requests} "
+                          f"requests), planned on seed {PLAN_SEED}, "
                           f"scored on held-out seed {HELD_OUT_SEED}; default rate {ALPASERVE_RATE_PER_DEVICE} req/s "
                           f"per device, CV {ALPASERVE_CV}, SLO scale {ALPASERVE_SLO_SCALE}",
                  "curves": {}, "sustained": {}}
@@ -265,9 +267,11 @@ def otas_claims(quick: bool) -> dict:
     correct: dict[str, dict[int, np.ndarray]] = {}
     for task_id in registry.task_ids:
         images, labels = held_out.task_data(DIGITS_TASKS_BY_ID[task_id])
-        correct[task_id] = {gamma: np.asarray(registry.predict(images, [task_id] * len(labels), gamma)) == labels.numpy()
+        correct[task_id] = {gamma: (np.asarray(registry.predict(images, [task_id] * len(labels), gamma))
+                                    == labels.numpy())
                             for gamma in registry.supported_gammas([task_id]) if gamma in profile.gamma_list}
-    held_out_accuracy = {t: {g: round(float(v.mean()), 4) for g, v in by_gamma.items()} for t, by_gamma in correct.items()}
+    held_out_accuracy = {t: {g: round(float(v.mean()), 4) for g, v in by_gamma.items()}
+                         for t, by_gamma in correct.items()}
 
     def grade(query, task_id: str, gamma: int) -> bool:
         """The ViT's own answer on a held-out image of the query's task (the query's draw picks the image)."""
@@ -283,7 +287,8 @@ def otas_claims(quick: bool) -> dict:
                     f"the training images, correctness = the ViT's prediction on held-out images; fluctuating Poisson "
                     f"trace (seeds {seeds}); PetS = fixed gamma 0, INFaaS = switching merged/plain/prompted ViT",
            "profiled_accuracy": profile.accuracy, "held_out_accuracy": held_out_accuracy,
-           "traces": {name: {"utility": r["utility"], "outcome_ratios": r["outcome_ratios"]} for name, r in results.items()}}
+           "traces": {name: {"utility": r["utility"], "outcome_ratios": r["outcome_ratios"]}
+                      for name, r in results.items()}}
     for trace, result in results.items():
         utility = result["utility"]
         best_fixed = max((v for k, v in utility.items() if k.startswith("fixed_")), default=0.0)

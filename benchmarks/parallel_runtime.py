@@ -14,7 +14,8 @@ thread per actor, and measures side by side:
 Final JSON line: `pipeline2_throughput_ratio` (2 stages vs 1: median over rounds, the smaller of the two models),
 `max_prediction_error` (relative, over latency and throughput of every configuration), `max_abs_diff`,
 the CPU scaling of 2 processes vs 1 measured before and after (the ceiling of any 2-actor speed-up on this
-machine at that time), and the figures per model and configuration. A PNG of measured vs predicted throughput goes to benchmarks/out/.
+machine at that time), and the figures per model and configuration. A PNG of measured vs predicted throughput goes to
+benchmarks/out/.
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ def _round(group: ModelParallelGroup, states, expected, latency_requests: int, t
     outputs = group.infer_many([states[i % len(states)] for i in range(throughput_requests)])
     elapsed = time.perf_counter() - start
     diffs += [(o.hidden - expected[i % len(states)]).abs().max().item() for i, o in enumerate(outputs)]
-    return {"latency_s": statistics.median(latencies), "throughput_rps": throughput_requests / elapsed, "max_abs_diff": max(diffs)}
+    return {"latency_s": statistics.median(latencies), "throughput_rps": throughput_requests / elapsed,
+            "max_abs_diff": max(diffs)}
 
 
 def bench_model(source: ModelSource, comm, args, figures: dict) -> None:
@@ -107,7 +109,8 @@ def bench_model(source: ModelSource, comm, args, figures: dict) -> None:
     for label, config in CONFIGS.items():
         planned = planner.plan(config, BATCH_SIZE)
         if config.intra_op_degree > 1:
-            sharded = any(v != "replicated" for st in planned.plan.stages for b in st.block_shardings.values() for v in b.values())
+            sharded = any(v != "replicated" for st in planned.plan.stages for b in st.block_shardings.values()
+                          for v in b.values())
             ilp_choice[label] = "sharded" if sharded else "replicated"
             plans[label], predictions[label] = megatron_plan(planner)
         else:
@@ -144,7 +147,8 @@ def bench_model(source: ModelSource, comm, args, figures: dict) -> None:
             **({"ilp_choice_at_this_comm_cost": ilp_choice[label]} if label in ilp_choice else {}),
         }
         log.info("%s %s: measured %.2f ms, %.2f req/s (predicted %.2f ms, %.2f req/s), max |diff| %.2e", source.name,
-                 label, 1e3 * latency, throughput, 1e3 * predicted_latency, predicted_throughput, results[label]["max_abs_diff"])
+                 label, 1e3 * latency, throughput, 1e3 * predicted_latency, predicted_throughput,
+                 results[label]["max_abs_diff"])
     per_round = [b["throughput_rps"] / a["throughput_rps"] for a, b in zip(rounds["1-stage"], rounds["2-stage"])]
     results["pipeline2_throughput_ratio_median_of_rounds"] = statistics.median(per_round)
     figures[source.name] = results

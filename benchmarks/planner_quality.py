@@ -3,8 +3,8 @@
 Grid (issue 15): the AlpaServe test case (48 copies of AlpaServe's own `bert-1.3b` test profile, 64 devices,
 13 GB weight budget, power-law popularity with exponent 0.5 and rates summing to 300 req/s, Gamma arrivals with
 CV 4, SLO 5x the single-device latency), then the 1.3B / 2.7B / 6.7B-class reproduction profiles of
-`placement.alpaserve.paper_profiles` at CV 1, 4 and 8, rates 0.5-2x the case above (scaled by devices / 64), on 8, 16 and
-64 devices (12, 24 and 48 models); and planner_speed.py's mix of the six Table 1 models that fit a V100 (several
+`placement.alpaserve.paper_profiles` at CV 1, 4 and 8, rates 0.5-2x the case above (scaled by devices / 64), on 8, 16
+and 64 devices (12, 24 and 48 models); and planner_speed.py's mix of the six Table 1 models that fit a V100 (several
 model buckets) on 8 and 64 devices. Every planner plans on `--plan-s` seconds of traffic; attainment is simulated
 on a held-out `--eval-s` seconds drawn with another seed.
 
@@ -131,7 +131,8 @@ def run_case(case: Case, plan_s: float, eval_s: float, log) -> dict:
     log.info("%-28s ours %.4f (%.2f s, %s) | exhaustive %.4f (%.2f s, %s) | SR %.4f%s", case.name,
              row["ours_attainment"], row["ours_plan_s"], row["ours_placement"], row["exhaustive_attainment"],
              row["exhaustive_plan_s"], row["exhaustive_placement"], row["sr_attainment"],
-             f" | beam3 {row['beam3_attainment']:.4f} ({row['beam3_plan_s']:.1f} s)" if "beam3_attainment" in row else "")
+             f" | beam3 {row['beam3_attainment']:.4f} ({row['beam3_plan_s']:.1f} "
+             "s)" if "beam3_attainment" in row else "")
     return row
 
 
@@ -144,7 +145,8 @@ def plot(rows: list[dict]) -> None:
     labels = [r["case"] for r in rows]
     x = np.arange(len(rows))
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(8, 0.45 * len(rows)), 7), sharex=True)
-    for offset, key, color in ((-0.27, "ours", "tab:blue"), (0.0, "exhaustive", "tab:orange"), (0.27, "sr", "tab:grey")):
+    for offset, key, color in ((-0.27, "ours", "tab:blue"), (0.0, "exhaustive", "tab:orange"),
+                               (0.27, "sr", "tab:grey")):
         top.bar(x + offset, [max(1 - r[f"{key}_attainment"], MISS_FLOOR) for r in rows], 0.27, label=key, color=color)
         bottom.bar(x + offset, [r[f"{key}_plan_s"] for r in rows], 0.27, color=color)
     top.set_yscale("log")
@@ -159,7 +161,8 @@ def plot(rows: list[dict]) -> None:
 def main() -> None:
     parser = make_parser(__doc__)
     parser.add_argument("--plan-s", type=float, default=100.0, help="seconds of planning traffic")
-    parser.add_argument("--eval-s", type=float, default=None, help="seconds of held-out traffic (600; 300 with --quick)")
+    parser.add_argument("--eval-s", type=float, default=None,
+                        help="seconds of held-out traffic (600; 300 with --quick)")
     args = parser.parse_args()
     eval_s = args.eval_s or (300.0 if args.quick else 600.0)
     log = setup_logging("planner_quality")
@@ -181,7 +184,8 @@ def main() -> None:
         "all_at_least_sr": all(g >= 0 for g in gains),
         "all_within_beam3_margin": all(g >= -BEAM_MARGIN for g in beam_gaps),
         "test_case_attainment": test["ours_attainment"], "test_case_plan_s": test["ours_plan_s"],
-        "test_case_plan_cpu_s": test["ours_plan_cpu_s"], "test_case_exhaustive_attainment": test["exhaustive_attainment"],
+        "test_case_plan_cpu_s": test["ours_plan_cpu_s"],
+        "test_case_exhaustive_attainment": test["exhaustive_attainment"],
         "test_case_sr_attainment": test["sr_attainment"],
         "test_case_placement": test["ours_placement"], "max_plan_s": max(r["ours_plan_s"] for r in rows),
         "plan_s": args.plan_s, "eval_s": eval_s, "cases": rows, "machine": machine_description(),

@@ -85,7 +85,8 @@ def main() -> None:
     attainment = simulate(ours, profiles, held_out).slo_attainment()
     paper_attainment = simulate(paper, profiles, held_out).slo_attainment()
     sr_attainment = simulate(sr, profiles, held_out).slo_attainment()
-    log.info("held-out attainment: ours %.4f, paper settings %.4f, SR %.4f", attainment, paper_attainment, sr_attainment)
+    log.info("held-out attainment: ours %.4f, paper settings %.4f, SR %.4f", attainment, paper_attainment,
+             sr_attainment)
 
     # Beam search of size 3 vs the fast variant (Alg. 1) on the groups the planner picks for a reduced case.
     b_names, b_profiles, b_workload = build(args.beam_instances, args.beam_devices, plan_duration, PLAN_SEED)

@@ -71,7 +71,8 @@ def make_trace(kind: str, rate: float, duration_s: float, max_tokens: int, seed:
         arrivals = PoissonProcess(rate).generate(0.0, duration_s, rng)
     else:
         quiet = rate * (QUIET_DWELL_S + BURST_DWELL_S) / (QUIET_DWELL_S + BURST_FACTOR * BURST_DWELL_S)
-        arrivals = MarkovModulatedProcess((quiet, quiet * BURST_FACTOR), (QUIET_DWELL_S, BURST_DWELL_S)).generate(0.0, duration_s, rng)
+        arrivals = MarkovModulatedProcess((quiet, quiet * BURST_FACTOR),
+                                          (QUIET_DWELL_S, BURST_DWELL_S)).generate(0.0, duration_s, rng)
     return arrivals, twitter_like_lengths(arrivals, max_tokens, rng)
 
 
@@ -96,7 +97,8 @@ def simulated_comparison(args) -> dict:
             per_scheme[scheme] = result.summary()
             curves[(kind, scheme)] = result.latencies_s
             log.info("%s %s: mean %.1f ms, p98 %.1f ms, SLO %.3f (%d requests, %.1fs)", kind, scheme,
-                     result.mean_s * 1e3, result.p98_s * 1e3, result.slo_attainment, len(arrivals), time.perf_counter() - started)
+                     result.mean_s * 1e3, result.p98_s * 1e3, result.slo_attainment, len(arrivals),
+                     time.perf_counter() - started)
         results["traces"][kind] = per_scheme
     _plot(curves, profiles.runtimes[0].slo_s)
     return results
@@ -125,7 +127,8 @@ def dispatch_under_load(args) -> dict:
     model, devices = "bert-large", 25
     profiles = paper_runtime_profiles(model)
     sample = twitter_like_lengths(np.zeros(100_000), 512, np.random.default_rng(9))
-    mean_service = float(np.mean([profiles.runtimes[profiles.ideal_index(int(n))].batch_latency(1) for n in sample])) + 0.8e-3
+    mean_service = (float(np.mean([profiles.runtimes[profiles.ideal_index(int(n))].batch_latency(1) for n in sample]))
+                    + 0.8e-3)
     rate = TABLE4_LOAD * devices / mean_service
     duration = 30.0 if args.quick else 240.0
     period = 20.0 if args.quick else 120.0
@@ -179,7 +182,8 @@ def allocation_solve_time(args) -> dict:
              "floors need %d devices; N = %s", min(cpu), min(wall), repeats, sum(allocation_lower_bounds(profiles, q)),
              result.instances)
     # CPU time is this process's own work: on a shared 2-core machine the wall clock mostly measures the neighbours.
-    return {"alloc_solve_s_1000x16": min(cpu), "alloc_solve_wall_s_1000x16": min(wall), "alloc_instances": result.instances}
+    return {"alloc_solve_s_1000x16": min(cpu), "alloc_solve_wall_s_1000x16": min(wall),
+            "alloc_instances": result.instances}
 
 
 def dispatch_throughput(args) -> dict:
@@ -231,13 +235,15 @@ def real_minilm_run(args) -> dict:
     comparison = compare_backends(encoder, 64, 1, backends=backends, repeats=5, clock=clock)
     backend = fastest_exact_backend(comparison)
     step = 16 if args.quick else 16
-    staircase = measure_staircase(encoder, list(range(step, max_tokens + 1, step)), backend=backend, repeats=5, clock=clock)
+    staircase = measure_staircase(encoder, list(range(step, max_tokens + 1, step)), backend=backend, repeats=5,
+                                  clock=clock)
     runtime_lengths = choose_runtime_lengths(staircase.lengths_tokens, staircase.latencies_s, max_runtimes=4)
     log.info("MiniLM staircase (%s): %s -> runtimes %s", backend,
              [f"{n}:{s * 1e3:.1f}ms" for n, s in zip(staircase.lengths_tokens, staircase.latencies_s)], runtime_lengths)
     slo_s = 0.2
     profiles = RuntimeProfileSet(model="all-minilm-l6-v2", source="measured:this-machine-cpu", runtimes=[
-        RuntimeProfile(max_length_tokens=length, batch_latency_s=measure_runtime_latencies(encoder, length, [1], backend, 3, clock),
+        RuntimeProfile(max_length_tokens=length,
+                       batch_latency_s=measure_runtime_latencies(encoder, length, [1], backend, 3, clock),
                        max_batch_size=1, slo_s=slo_s) for length in runtime_lengths])
     runtimes = {length: StaticRuntime(encoder, length, 1, backend=backend) for length in runtime_lengths}
     dynamic = DynamicRuntime(encoder)
@@ -250,7 +256,8 @@ def real_minilm_run(args) -> dict:
         length = runtime_lengths[profiles.ideal_index(len(ids))]
         ideal[length] = ideal.get(length, 0) + 1
         served["arlo_ideal_runtime"].append(time_call(lambda: runtimes[length].run_tokens([ids]), 3, 0, "min", clock))
-        served["st_longest_runtime"].append(time_call(lambda: runtimes[runtime_lengths[-1]].run_tokens([ids]), 3, 0, "min", clock))
+        served["st_longest_runtime"].append(time_call(lambda: runtimes[runtime_lengths[-1]].run_tokens([ids]), 3, 0,
+                                                      "min", clock))
         served["dt_dynamic"].append(time_call(lambda: dynamic.run_tokens([ids]), 3, 0, "min", clock))
     means = {k: float(np.mean(v)) for k, v in served.items()}
     log.info("real MiniLM mean service latency: %s", {k: f"{v * 1e3:.2f} ms" for k, v in means.items()})
@@ -306,8 +313,10 @@ def packed_vs_padded(encoder, requests, runtime_lengths, profiles, served, backe
         log.info("%s: padded %.1f req/s (%d passes), packed %.1f req/s (%d passes)", scheme, count / padded_s, count,
                  count / packed_s, passes)
     throughput = out["throughput_req_per_cpu_s"]
-    out["packed_vs_padded_throughput"] = throughput["packed_arlo_ideal_runtime"] / throughput["padded_arlo_ideal_runtime"]
-    out["st_packed_vs_padded_throughput"] = throughput["packed_st_longest_runtime"] / throughput["padded_st_longest_runtime"]
+    out["packed_vs_padded_throughput"] = (throughput["packed_arlo_ideal_runtime"]
+                                          / throughput["padded_arlo_ideal_runtime"])
+    out["st_packed_vs_padded_throughput"] = (throughput["packed_st_longest_runtime"]
+                                             / throughput["padded_st_longest_runtime"])
     return out
 
 

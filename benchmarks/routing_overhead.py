@@ -71,8 +71,11 @@ def main() -> None:
     try:
         default = serve.run(Echo.options(name="echo-default", num_replicas=NUM_REPLICAS).bind(),
                             name="echo-default", route_prefix=None)
-        plex = serve.run(Echo.options(name="echo-plex", num_replicas=NUM_REPLICAS, request_router_config=RequestRouterConfig(
-            request_router_class=ModelAwareRouter, request_routing_stats_period_s=1.0)).bind(), name="echo-plex", route_prefix=None)
+        plex = serve.run(Echo.options(name="echo-plex", num_replicas=NUM_REPLICAS,
+                                      request_router_config=RequestRouterConfig(
+                                          request_router_class=ModelAwareRouter,
+                                          request_routing_stats_period_s=1.0)).bind(),
+                         name="echo-plex", route_prefix=None)
         loop = asyncio.new_event_loop()
         loop.run_until_complete(one_round(default, per_round // 4))  # warm-up both
         loop.run_until_complete(one_round(plex, per_round // 4))
@@ -80,7 +83,8 @@ def main() -> None:
         for r in range(rounds):
             default_rates.append(loop.run_until_complete(one_round(default, per_round)))
             plex_rates.append(loop.run_until_complete(one_round(plex, per_round)))
-            log.info("round %d/%d: default %.0f req/s, plexserve %.0f req/s", r + 1, rounds, default_rates[-1], plex_rates[-1])
+            log.info("round %d/%d: default %.0f req/s, plexserve %.0f req/s", r + 1, rounds, default_rates[-1],
+                     plex_rates[-1])
         loop.close()
     finally:
         serve.shutdown()

@@ -103,20 +103,24 @@ def policies(profile: OtasProfile, scale: float, labels_per_cell: int | None = D
              paper_preset: bool = False) -> dict:
     """name -> factory of a fresh scheduler (policies keep state). With `paper_preset`, also 'otas_paper': Alg. 2
     with one label per cell (`TokenAllocationParams.paper`)."""
-    batching = AdaptiveBatchingParams(delta_s=PAPER_DELTA_S * scale, epsilon=BATCH_CAP, eta_s=PAPER_ETA_S * scale, mu=0.8)
+    batching = AdaptiveBatchingParams(delta_s=PAPER_DELTA_S * scale, epsilon=BATCH_CAP, eta_s=PAPER_ETA_S * scale,
+                                      mu=0.8)
     window = PAPER_SEGMENT_S * scale
     otas_params = TokenAllocationParams(gamma_list=profile.gamma_list, initial_stage_s=PAPER_INITIAL_STAGE_S * scale,
                                         rate_window_s=window, max_labels_per_cell=labels_per_cell)
-    factories = {"otas": lambda: OtasScheduler(OtasTokenAllocator(profile, otas_params, BATCH_CAP), batching, 0.0, window)}
+    factories = {"otas": lambda: OtasScheduler(OtasTokenAllocator(profile, otas_params, BATCH_CAP), batching, 0.0,
+                                               window)}
     if paper_preset:
         paper_params = TokenAllocationParams.paper(**otas_params.model_dump(exclude={"max_labels_per_cell"}))
         factories["otas_paper"] = lambda: OtasScheduler(OtasTokenAllocator(profile, paper_params, BATCH_CAP), batching,
                                                         0.0, window)
     for gamma in profile.gamma_list:
-        factories[f"fixed_{gamma:+d}"] = (lambda g: lambda: OtasScheduler(FixedGammaAllocator(profile, g), batching, 0.0, window))(gamma)
+        factories[f"fixed_{gamma:+d}"] = (lambda g: lambda: OtasScheduler(FixedGammaAllocator(profile, g), batching,
+                                                                          0.0, window))(gamma)
     variants = [min(profile.gamma_list), 0, max(profile.gamma_list)]
     factories["infaas_like"] = lambda: OtasScheduler(
-        ModelSwitchingAllocator(profile, variants, profile.model_load_s or 0.0, BATCH_CAP, min_dwell_s=window), batching, 0.0, window)
+        ModelSwitchingAllocator(profile, variants, profile.model_load_s or 0.0, BATCH_CAP, min_dwell_s=window),
+        batching, 0.0, window)
     return factories
 
 
@@ -131,13 +135,14 @@ def workload_setup(profile: OtasProfile, task_ids: list[str], quick: bool) -> tu
     segments = QUICK_SEGMENTS if quick else FULL_SEGMENTS
     traces = {
         "fluctuating": [r * capacity_rps for r in fluctuating_rates(segments, *FLUCTUATING_RANGE, seed=7)],
-        "bursty": [r * capacity_rps for r in bursty_rates(segments, BURSTY_BASE, BURSTY_PEAK, BURSTY_PROBABILITY, seed=8)],
+        "bursty": [r * capacity_rps
+                   for r in bursty_rates(segments, BURSTY_BASE, BURSTY_PEAK, BURSTY_PROBABILITY, seed=8)],
     }
     return scale, types, traces
 
 
-def run_trace(name: str, rates: list[float], types: list[QueryType], seeds: list[int], profile: OtasProfile, scale: float, log,
-              factories: dict | None = None, grade: Grader | None = None) -> dict:
+def run_trace(name: str, rates: list[float], types: list[QueryType], seeds: list[int], profile: OtasProfile,
+              scale: float, log, factories: dict | None = None, grade: Grader | None = None) -> dict:
     """Every policy of `factories` (default: `policies(profile, scale)`) on the trace of each seed; `grade` decides
     correctness (default: the profile's accuracy, see `placement.otas.simulation.simulate`)."""
     totals: dict[str, dict] = {}
@@ -149,7 +154,8 @@ def run_trace(name: str, rates: list[float], types: list[QueryType], seeds: list
             started = time.perf_counter()
             result = simulate(trace, factory(), profile, grade)
             entry = totals.setdefault(policy, {"utility": 0.0, "max_utility": 0.0, "queries": 0,
-                                               "counts": {o: 0 for o in OUTCOMES}, "gamma_counts": {}, "batch_sizes": []})
+                                               "counts": {o: 0 for o in OUTCOMES}, "gamma_counts": {},
+                                               "batch_sizes": []})
             entry["utility"] += result.ledger.utility
             entry["max_utility"] += result.max_utility
             entry["queries"] += result.num_queries
@@ -198,7 +204,8 @@ def plot(results: dict, path: Path) -> None:
             values = [data["outcome_ratios"][p][outcome] for p in policies_]
             axes[1][column].bar(policies_, values, bottom=bottom, label=outcome)
             bottom = [b + v for b, v in zip(bottom, values)]
-        axes[1][column].set_title(f"{trace}: outcome ratios (utility ratio vs best fixed {data['utility_ratio_vs_best_fixed']:.2f})")
+        axes[1][column].set_title(f"{trace}: outcome ratios (utility ratio vs best fixed "
+                                  f"{data['utility_ratio_vs_best_fixed']:.2f})")
         axes[1][column].tick_params(axis="x", rotation=60)
         axes[1][column].legend(fontsize=8)
     fig.tight_layout()

@@ -1,4 +1,5 @@
-"""Model definitions and loading: text encoders (transformers) and vision transformers (timm), each with a layer view."""
+"""Model definitions and loading: text encoders (transformers) and vision transformers (timm), each with a layer
+view."""
 
 from models.layers import ActivationState, Layer, run_layers
 from models.text_encoder import TextEncoder, load_text_encoder

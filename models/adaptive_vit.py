@@ -81,7 +81,8 @@ def scale_gamma_list(num_tokens: int, depth: int, paper_list: tuple[int, ...] = 
     return sorted(scaled)
 
 
-def _attention_with_size(attn: Attention, x: torch.Tensor, size: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _attention_with_size(attn: Attention, x: torch.Tensor,
+                         size: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """timm `Attention.forward` plus ToMe's proportional attention; also returns the keys averaged over heads."""
     batch, num_tokens, _ = x.shape
     gate = attn.gate(x).sigmoid() if getattr(attn, "gate", None) is not None else None
@@ -98,7 +99,8 @@ def _attention_with_size(attn: Attention, x: torch.Tensor, size: torch.Tensor | 
     return out, k.mean(dim=1)
 
 
-def merging_block_forward(block: Block, x: torch.Tensor, size: torch.Tensor | None, r: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+def merging_block_forward(block: Block, x: torch.Tensor, size: torch.Tensor | None,
+                          r: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One block with ToMe merging between attention and MLP (OTAS Fig. 6, gamma < 0).
 
     `size` None means every token is one patch (nothing merged yet): the attention then needs no log-size bias and
@@ -115,7 +117,8 @@ def merging_block_forward(block: Block, x: torch.Tensor, size: torch.Tensor | No
     return x, size
 
 
-def prompting_block_forward(block: Block, x: torch.Tensor, prompts: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
+def prompting_block_forward(block: Block, x: torch.Tensor, prompts: torch.Tensor,
+                            num_prefix_tokens: int) -> torch.Tensor:
     """One block with VPT-deep prompts (OTAS Fig. 6, gamma > 0): insert, attend, drop the prompt rows before the MLP."""
     num_prompts = prompts.shape[1]
     x = insert_prompts(x, prompts, num_prefix_tokens)
@@ -133,7 +136,8 @@ class AdaptiveViT(nn.Module):
         if vit.num_prefix_tokens != 1 or vit.cls_token is None:
             raise ValueError("the adaptive ViT needs exactly one prefix token, the class token (no register tokens)")
         if vit.global_pool != "token":
-            raise ValueError(f"the adaptive ViT needs global_pool='token' (merging protects the class token), got {vit.global_pool!r}")
+            raise ValueError("the adaptive ViT needs global_pool='token' (merging protects the class token), got "
+                             f"{vit.global_pool!r}")
         self.vit = vit
         self.depth = len(vit.blocks)
         self.embed_dim = vit.embed_dim
@@ -157,7 +161,8 @@ class AdaptiveViT(nn.Module):
         x = self.vit.patch_drop(x)
         return self.vit.norm_pre(x)
 
-    def forward_features(self, images: torch.Tensor, gamma: int = 0, prompts: torch.Tensor | None = None) -> torch.Tensor:
+    def forward_features(self, images: torch.Tensor, gamma: int = 0,
+                         prompts: torch.Tensor | None = None) -> torch.Tensor:
         """Token features after the final norm: [B, N', C] (N' = N at gamma >= 0, fewer when merging)."""
         self.check_gamma(gamma, prompts, images.shape[0])
         x = self.embed(images)
@@ -173,7 +178,8 @@ class AdaptiveViT(nn.Module):
                 x = prompting_block_forward(block, x, prompts[:, layer], self.vit.num_prefix_tokens)
         return self.vit.norm(x)
 
-    def pooled_features(self, images: torch.Tensor, gamma: int = 0, prompts: torch.Tensor | None = None) -> torch.Tensor:
+    def pooled_features(self, images: torch.Tensor, gamma: int = 0,
+                        prompts: torch.Tensor | None = None) -> torch.Tensor:
         """The class token's features before a head (timm's `forward_head(pre_logits=True)`): [B, C]."""
         return self.vit.forward_head(self.forward_features(images, gamma, prompts), pre_logits=True)
 

@@ -87,7 +87,8 @@ def device_description() -> str:
     return f"CPU {platform.machine()} ({os.cpu_count()} cores, torch threads {torch.get_num_threads()})"
 
 
-def build_profile(artifacts: Path, batch_sizes: list[int], repeats: int, held_out_subset: int | None = None) -> OtasProfile:
+def build_profile(artifacts: Path, batch_sizes: list[int], repeats: int,
+                  held_out_subset: int | None = None) -> OtasProfile:
     registry = TaskRegistry.load(artifacts)
     _, held_out = load_digits_splits()
     if held_out_subset:

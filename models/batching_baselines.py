@@ -87,7 +87,8 @@ class PaddedBatchingEngine:
         lengths = [len(ids) for ids in token_ids]
         for index, length in enumerate(lengths):
             if length > self.encoder.max_length:
-                raise ValueError(f"request {index} has {length} tokens, more than the model limit {self.encoder.max_length}")
+                raise ValueError(f"request {index} has {length} tokens, more than the model limit "
+                                 f"{self.encoder.max_length}")
         stats = BatchStats()
         out = torch.empty(len(token_ids), self.encoder.hidden_size)
         for batch in self.batches(lengths):

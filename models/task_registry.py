@@ -47,7 +47,8 @@ class TaskModel:
 
 @dataclass(frozen=True)
 class Query:
-    """One classification query as OTAS §III-C defines it: s_r arrival, l_r latency requirement, d_r = s_r + l_r, u_r."""
+    """One classification query as OTAS §III-C defines it: s_r arrival, l_r latency requirement, d_r = s_r + l_r,
+    u_r."""
 
     task_id: str
     image: torch.Tensor  # [C, H, W]
@@ -88,18 +89,21 @@ class TaskRegistry:
             raise ValueError(f"task {task.task_id!r}: heads needs an entry for prompt count 0 (used with gamma <= 0)")
         for count, head in task.heads.items():
             if head.in_features != self.model.embed_dim or head.out_features != task.num_classes:
-                raise ValueError(f"task {task.task_id!r}: head for prompt count {count} must map {self.model.embed_dim} -> "
-                                 f"{task.num_classes}, got {head.in_features} -> {head.out_features}")
+                raise ValueError(f"task {task.task_id!r}: head for prompt count {count} must map "
+                                 f"{self.model.embed_dim} -> {task.num_classes}, "
+                                 f"got {head.in_features} -> {head.out_features}")
         for count, prompts in task.prompts.items():
             expected = [self.model.depth, count, self.model.embed_dim]
             if count <= 0 or list(prompts.shape) != expected:
-                raise ValueError(f"task {task.task_id!r}: prompts for count {count} must have shape {expected}, got {list(prompts.shape)}")
+                raise ValueError(f"task {task.task_id!r}: prompts for count {count} must have shape {expected}, got "
+                                 f"{list(prompts.shape)}")
             if count not in task.heads:
                 raise ValueError(f"task {task.task_id!r}: prompt count {count} has prompts but no head")
         for module in task.heads.values():
             module.eval().requires_grad_(False)
         self._tasks[task.task_id] = task
-        logger.info("registered task %s (%d classes, prompt counts %s)", task.task_id, task.num_classes, sorted(task.prompts))
+        logger.info("registered task %s (%d classes, prompt counts %s)", task.task_id, task.num_classes,
+                    sorted(task.prompts))
 
     @property
     def task_ids(self) -> list[str]:
@@ -140,7 +144,8 @@ class TaskRegistry:
         for task_id in set(task_ids):
             task = self.task(task_id)
             if gamma not in task.prompts:
-                raise ValueError(f"task {task_id!r} has no prompts for gamma={gamma}; it has prompt counts {sorted(task.prompts)}")
+                raise ValueError(f"task {task_id!r} has no prompts for gamma={gamma}; it has prompt counts "
+                                 f"{sorted(task.prompts)}")
             stacks[task_id] = task.prompts[gamma]
         return torch.stack([stacks[t] for t in task_ids])
 

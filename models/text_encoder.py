@@ -48,7 +48,8 @@ def resolve_text_source(source: str) -> Path:
     if not (directory / "config.json").exists():
         raise FileNotFoundError(f"text model directory {directory} has no config.json")
     if not any((directory / name).exists() for name in _WEIGHT_FILES):
-        raise FileNotFoundError(f"text model directory {directory} has no weight file (one of {', '.join(_WEIGHT_FILES)})")
+        raise FileNotFoundError(f"text model directory {directory} has no weight file (one of "
+                                f"{', '.join(_WEIGHT_FILES)})")
     return directory
 
 
@@ -82,7 +83,8 @@ class EmbeddingsLayer(Layer):
         bias = state.attention_bias
         if bias is None:
             bias = extended_attention_bias(state.attention_mask, hidden.dtype)
-        return ActivationState(hidden=hidden, attention_mask=state.attention_mask, attention_bias=bias, extras=state.extras)
+        return ActivationState(hidden=hidden, attention_mask=state.attention_mask, attention_bias=bias,
+                               extras=state.extras)
 
 
 class BlockLayer(Layer):
@@ -157,7 +159,8 @@ class TextEncoder:
         #: Longest input in tokens, special tokens included.
         self.max_length = max_length
         self.text_tokenizer = TextTokenizer(tokenizer, max_length, model.config.vocab_size)
-        self._layers = [EmbeddingsLayer(model.embeddings)] + [BlockLayer(b) for b in model.encoder.layer] + [MeanPoolNormalizeLayer()]
+        self._layers = ([EmbeddingsLayer(model.embeddings)] + [BlockLayer(b) for b in model.encoder.layer]
+                        + [MeanPoolNormalizeLayer()])
 
     @property
     def hidden_size(self) -> int:
@@ -177,7 +180,8 @@ class TextEncoder:
 
     def tokenize(self, texts: Sequence[str], truncate: bool = True) -> dict[str, torch.Tensor]:
         """Pad to the longest text of the list; `truncate` cuts at `max_length`."""
-        return dict(self.tokenizer(list(texts), padding=True, truncation=truncate, max_length=self.max_length, return_tensors="pt"))
+        return dict(self.tokenizer(list(texts), padding=True, truncation=truncate, max_length=self.max_length,
+                                   return_tensors="pt"))
 
     @torch.inference_mode()
     def embed_tokens(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -214,7 +218,8 @@ def load_text_tokenizer(source: str = MINILM_SOURCE) -> TextTokenizer:
     directory = resolve_text_source(source)
     config = AutoConfig.from_pretrained(directory, local_files_only=True)
     tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    return TextTokenizer(tokenizer, _configured_max_length(directory, config.max_position_embeddings), config.vocab_size)
+    return TextTokenizer(tokenizer, _configured_max_length(directory, config.max_position_embeddings),
+                         config.vocab_size)
 
 
 def load_text_encoder(source: str = MINILM_SOURCE, name: str | None = None, attn_implementation: str = "sdpa",
@@ -228,5 +233,6 @@ def load_text_encoder(source: str = MINILM_SOURCE, name: str | None = None, attn
     if not hasattr(model, "embeddings") or not hasattr(model, "encoder"):
         raise ValueError(f"{directory} is not a BERT-family encoder (no embeddings/encoder modules)")
     max_length = _configured_max_length(directory, model.config.max_position_embeddings)
-    logger.info("loaded text encoder %s from %s (max %d tokens, %s attention)", name or source, directory, max_length, attn_implementation)
+    logger.info("loaded text encoder %s from %s (max %d tokens, %s attention)", name or source, directory, max_length,
+                attn_implementation)
     return TextEncoder(name or directory.name, model, tokenizer, max_length)

@@ -159,7 +159,8 @@ def _cosine_optimizer(params, lr: float, weight_decay: float, steps: int):
     return optimizer, scheduler
 
 
-def train_backbone(train: DigitsSplit, held_out: DigitsSplit, arch: AdaptiveVitConfig, config: TrainingConfig) -> AdaptiveViT:
+def train_backbone(train: DigitsSplit, held_out: DigitsSplit, arch: AdaptiveVitConfig,
+                   config: TrainingConfig) -> AdaptiveViT:
     """Pre-train the foundation ViT on the clean 10-digit task (its own timm head)."""
     torch.manual_seed(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
@@ -277,7 +278,8 @@ def train_all(out_dir: Path, config: TrainingConfig, arch: AdaptiveVitConfig | N
         prompts, heads = train_prompts(model, task, prompt_counts, head0, train, config)
         heads[0] = head0
         registry.register(TaskModel(task.task_id, task.num_classes, heads, prompts, task.description))
-        accuracies[task.task_id] = {count: held_out_accuracy(registry, task, held_out, count) for count in [0] + prompt_counts}
+        accuracies[task.task_id] = {count: held_out_accuracy(registry, task, held_out, count)
+                                    for count in [0] + prompt_counts}
         logger.info("task %s held-out accuracy by prompt count: %s", task.task_id, accuracies[task.task_id])
     registry.save(out_dir, extra_config={
         "data": "sklearn.datasets.load_digits, 8x8 upsampled to 32x32, stratified held-out fraction "
@@ -286,7 +288,8 @@ def train_all(out_dir: Path, config: TrainingConfig, arch: AdaptiveVitConfig | N
         "held_out_accuracy_by_prompt_count": accuracies,
         "training_time_s": round(time.perf_counter() - started, 1),
     })
-    logger.info("saved backbone and %d tasks to %s in %.0f s", len(DIGITS_TASKS), out_dir, time.perf_counter() - started)
+    logger.info("saved backbone and %d tasks to %s in %.0f s", len(DIGITS_TASKS), out_dir,
+                time.perf_counter() - started)
     return registry
 
 

@@ -43,7 +43,8 @@ def check_image_batch(images: torch.Tensor, expected: tuple[int, int, int]) -> N
     if images.dtype not in (torch.float32, torch.float64):
         raise ValueError(f"images must be float32, got {images.dtype}")
     if images.dim() != 4 or tuple(images.shape[1:]) != tuple(expected):
-        raise ValueError(f"images must have shape [N, {expected[0]}, {expected[1]}, {expected[2]}], got {list(images.shape)}")
+        raise ValueError(f"images must have shape [N, {expected[0]}, {expected[1]}, {expected[2]}], got "
+                         f"{list(images.shape)}")
     if not torch.isfinite(images).all():
         raise ValueError("images contain NaN or infinite values")
 
@@ -120,7 +121,8 @@ class VisionClassifier:
 
 
 def load_vit(source: str, checkpoint_path: str | Path | None = None, num_classes: int = 1000, image_size_px: int = 224,
-             in_chans: int = 3, name: str | None = None, allow_random_init: bool = False, **timm_kwargs) -> VisionClassifier:
+             in_chans: int = 3, name: str | None = None, allow_random_init: bool = False,
+             **timm_kwargs) -> VisionClassifier:
     """Build a timm ViT from `timm:<architecture>` and load local weights; never downloads."""
     if not source.startswith(TIMM_SOURCE_PREFIX):
         raise ValueError(f"vision source must look like 'timm:<architecture>', got {source!r}")
@@ -136,6 +138,8 @@ def load_vit(source: str, checkpoint_path: str | Path | None = None, num_classes
     if checkpoint_path is not None:
         missing, unexpected = model.load_state_dict(load_state_dict(checkpoint_path), strict=False)
         if missing or unexpected:
-            raise ValueError(f"checkpoint {checkpoint_path} does not fit {architecture}: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    logger.info("loaded ViT %s (%s, %d classes, %s px)", name or architecture, checkpoint_path or "random init", num_classes, image_size_px)
+            raise ValueError(f"checkpoint {checkpoint_path} does not fit {architecture}: missing {missing[:5]}, "
+                             f"unexpected {unexpected[:5]}")
+    logger.info("loaded ViT %s (%s, %d classes, %s px)", name or architecture, checkpoint_path or "random init",
+                num_classes, image_size_px)
     return VisionClassifier(name or architecture, model)

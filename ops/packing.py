@@ -117,7 +117,8 @@ def first_fit_decreasing(lengths: Sequence[int], capacity_tokens: int, max_bins:
 def slots_per_row(row_length_tokens: int, slot_size_tokens: int) -> int:
     """TCB Alg. 2 line 5: a row of L tokens holds L // z slots."""
     if slot_size_tokens < 1 or slot_size_tokens > row_length_tokens:
-        raise ValueError(f"slot_size_tokens={slot_size_tokens} must be between 1 and row_length_tokens={row_length_tokens}")
+        raise ValueError(f"slot_size_tokens={slot_size_tokens} must be between 1 and "
+                         f"row_length_tokens={row_length_tokens}")
     return row_length_tokens // slot_size_tokens
 
 

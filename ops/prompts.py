@@ -19,7 +19,8 @@ def insert_prompts(x: torch.Tensor, prompts: torch.Tensor, num_prefix_tokens: in
     if prompts.dim() == 2:
         prompts = prompts.unsqueeze(0).expand(x.shape[0], -1, -1)
     if prompts.dim() != 3 or prompts.shape[0] != x.shape[0] or prompts.shape[2] != x.shape[2]:
-        raise ValueError(f"prompts must be [batch={x.shape[0]}, count, channels={x.shape[2]}], got {list(prompts.shape)}")
+        raise ValueError(f"prompts must be [batch={x.shape[0]}, count, channels={x.shape[2]}], got "
+                         f"{list(prompts.shape)}")
     return torch.cat([x[:, :num_prefix_tokens], prompts.to(x.dtype), x[:, num_prefix_tokens:]], dim=1)
 
 

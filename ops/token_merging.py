@@ -83,5 +83,6 @@ def merge_weighted_average(merge: Merge, x: torch.Tensor, size: torch.Tensor) ->
 
 
 def proportional_attention_bias(size: torch.Tensor) -> torch.Tensor:
-    """ToMe §3 proportional attention: log(size) added to every query's logit for each key; [B, N, 1] -> [B, 1, 1, N]."""
+    """ToMe §3 proportional attention: log(size) added to every query's logit for each key;
+    [B, N, 1] -> [B, 1, 1, N]."""
     return size.log()[:, None, None, :, 0]

@@ -49,7 +49,8 @@ class CommModel(BaseModel):
 
     send: AlphaBeta = Field(description="Actor-to-actor send of one activation (includes the actor call).")
     all_reduce: dict[int, AlphaBeta] = Field(default_factory=dict, description="Degree -> all-reduce cost.")
-    all_gather: dict[int, AlphaBeta] = Field(default_factory=dict, description="Degree -> all-gather cost (bytes of the gathered tensor).")
+    all_gather: dict[int, AlphaBeta] = Field(default_factory=dict,
+                                             description="Degree -> all-gather cost (bytes of the gathered tensor).")
 
     def send_s(self, num_bytes: float) -> float:
         return self.send.cost_s(num_bytes)

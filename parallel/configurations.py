@@ -50,7 +50,8 @@ class PlannedConfig:
 
     def to_profile(self) -> ConfigProfile:
         stages = [StageProfile(latency_s={b: lat[s] for b, lat in self.stage_latency_s.items()},
-                               weight_bytes_per_device=self.stage_weight_bytes[s]) for s in range(len(self.plan.stages))]
+                               weight_bytes_per_device=self.stage_weight_bytes[s])
+                  for s in range(len(self.plan.stages))]
         return ConfigProfile(config=self.config, stages=stages, plan=self.plan.model_dump(mode="json"))
 
 
@@ -79,7 +80,8 @@ class ModelPlanner:
     def receive_s(self, layer_index: int, batch_size: int) -> float:
         """Cost of handing a stage starting at `layer_index` its input (from the caller or the previous stage)."""
         key = self._key(batch_size)
-        num_bytes = self.profile.input_bytes[key] if layer_index == 0 else self.profile.layers[layer_index - 1].output_bytes[key]
+        num_bytes = (self.profile.input_bytes[key] if layer_index == 0
+                     else self.profile.layers[layer_index - 1].output_bytes[key])
         return self.comm.send_s(num_bytes)
 
     def stage_cost(self, start: int, end: int, batch_size: int) -> StageCost:
@@ -88,7 +90,8 @@ class ModelPlanner:
         for layer in self.profile.layers[start:end]:
             if layer.kind == "block" and layer.block_shape is not None:
                 stage.blocks.append(BlockCost(prefix=block_prefix(layer.index), shape=layer.block_shape,
-                                              latency_s=layer.latency_s[key], other_weight_bytes=layer.other_weight_bytes,
+                                              latency_s=layer.latency_s[key],
+                                              other_weight_bytes=layer.other_weight_bytes,
                                               batch_size=batch_size, tokens_per_sequence=self.seq_len_tokens))
             else:
                 stage.other_latency_s += layer.latency_s[key]
@@ -99,7 +102,8 @@ class ModelPlanner:
         """The intra-op optimum of layers [start, end) on `degree` devices (cached: configurations share stages)."""
         key = (start, end, degree, batch_size)
         if key not in self._solved:
-            problem = stage_problem(self.stage_cost(start, end, batch_size), degree, self.comm, self.memory_budget_bytes)
+            problem = stage_problem(self.stage_cost(start, end, batch_size), degree, self.comm,
+                                    self.memory_budget_bytes)
             self._solved[key] = solve_intra_op(problem)
         return self._solved[key]
 
@@ -140,14 +144,16 @@ class ModelPlanner:
 
 
 def model_configurations(profile: ModelLayerProfile, comm: CommModel, group_sizes: Sequence[int],
-                         seq_len_tokens: int | None = None, memory_budget_bytes: float = math.inf) -> list[PlannedConfig]:
+                         seq_len_tokens: int | None = None,
+                         memory_budget_bytes: float = math.inf) -> list[PlannedConfig]:
     planner = ModelPlanner(profile, comm, seq_len_tokens, memory_budget_bytes)
     planned = []
     for size in group_sizes:
         for config in enumerate_configs(size):
             result = planner.plan(config)
             if result is None:
-                logger.info("%s: %s does not fit %.0f bytes per device", profile.name, config.key(), memory_budget_bytes)
+                logger.info("%s: %s does not fit %.0f bytes per device", profile.name, config.key(),
+                            memory_budget_bytes)
                 continue
             logger.info("%s %s: stages %s, stage latency at batch %d %s ms", profile.name, config.key(),
                         [(s.start_layer, s.end_layer) for s in result.plan.stages], planner.batch_sizes[0],
@@ -156,15 +162,16 @@ def model_configurations(profile: ModelLayerProfile, comm: CommModel, group_size
     return planned
 
 
-def emit_profile_set(layer_profiles: LayerProfileSet, group_sizes: Sequence[int], seq_len_tokens: dict[str, int] | None = None,
-                     memory_budget_bytes: float = math.inf) -> ProfileSet:
+def emit_profile_set(layer_profiles: LayerProfileSet, group_sizes: Sequence[int],
+                     seq_len_tokens: dict[str, int] | None = None, memory_budget_bytes: float = math.inf) -> ProfileSet:
     """The `placement.core.profiles.ProfileSet` (source 'measured') of every model and configuration that fits."""
     if layer_profiles.comm is None:
         raise ValueError("the layer profile has no communication model: run the profiler with comm profiling first")
     seq_len_tokens = seq_len_tokens or {}
     models = {}
     for name, profile in layer_profiles.models.items():
-        planned = model_configurations(profile, layer_profiles.comm, group_sizes, seq_len_tokens.get(name), memory_budget_bytes)
+        planned = model_configurations(profile, layer_profiles.comm, group_sizes, seq_len_tokens.get(name),
+                                       memory_budget_bytes)
         if planned:
             models[name] = ModelProfile(name=name, configs=[p.to_profile() for p in planned])
     return ProfileSet(source="measured", device=layer_profiles.device, models=models)

@@ -94,8 +94,10 @@ class ModelParallelGroup:
             row = []
             for rank in range(degree):
                 options = self._actor_options(s * degree + rank)
-                row.append(StageActor.options(**options).remote(self.source, stage, s, rank, degree, self.num_threads_per_actor,
-                                                                 GPU_RESOURCE if self.num_gpus_per_actor > 0 else CPU_RESOURCE))
+                row.append(StageActor.options(**options).remote(self.source, stage, s, rank, degree,
+                                                                self.num_threads_per_actor,
+                                                                GPU_RESOURCE if self.num_gpus_per_actor > 0
+                                                                else CPU_RESOURCE))
             self.actors.append(row)
         try:
             setups = []
@@ -152,7 +154,8 @@ class ModelParallelGroup:
             try:
                 ray.get(ref)
             except RayActorError as error:
-                raise GroupFailedError(f"{name} of model {self.source.name!r} died; rebuild the group: {error}") from error
+                raise GroupFailedError(f"{name} of model {self.source.name!r} died; rebuild the group: "
+                                       f"{error}") from error
             except RayTaskError as error:
                 raise GroupFailedError(f"{name} of model {self.source.name!r} failed: {error}") from error
             except GetTimeoutError as error:  # pragma: no cover - wait() said ready
@@ -169,14 +172,16 @@ class ModelParallelGroup:
             try:
                 await ref
             except RayActorError as error:
-                raise GroupFailedError(f"{names[ref]} of model {self.source.name!r} died; rebuild the group: {error}") from error
+                raise GroupFailedError(f"{names[ref]} of model {self.source.name!r} died; rebuild the group: "
+                                       f"{error}") from error
             except RayTaskError as error:
                 raise GroupFailedError(f"{names[ref]} of model {self.source.name!r} failed: {error}") from error
 
         try:
             await asyncio.wait_for(asyncio.gather(*(checked(ref) for _, ref in pending.calls)), timeout=timeout_s)
         except asyncio.TimeoutError:
-            raise GroupFailedError(f"model-parallel group for {self.source.name!r}: no result within {timeout_s} s") from None
+            raise GroupFailedError(f"model-parallel group for {self.source.name!r}: no result "
+                                   f"within {timeout_s} s") from None
         return await pending.output
 
     def infer(self, state: ActivationState) -> ActivationState:

@@ -74,7 +74,8 @@ class IntraOpSolution:
 
     def block_plan(self, prefix: str) -> BlockShardingPlan:
         """The plan of the block whose node names start with `prefix` (e.g. 'layer3.')."""
-        return BlockShardingPlan(**{name: self.choices[f"{prefix}{name}"] for name in ("qkv", "attn_out", "fc1", "fc2")})
+        return BlockShardingPlan(**{name: self.choices[f"{prefix}{name}"]
+                                    for name in ("qkv", "attn_out", "fc1", "fc2")})
 
 
 # ---- costs of one choice (shared by the ILP and by direct evaluation) ----
@@ -100,7 +101,8 @@ def _output_sharded(sharding: LinearSharding, degree: int) -> bool:
     return sharding == "column" and degree > 1
 
 
-def edge_cost_s(producer: LinearNode, produced: LinearSharding, consumed: LinearSharding, problem: IntraOpProblem) -> float:
+def edge_cost_s(producer: LinearNode, produced: LinearSharding, consumed: LinearSharding,
+                problem: IntraOpProblem) -> float:
     """Resharding between consecutive linears: a sharded activation is all-gathered unless the consumer is row-split."""
     if _output_sharded(produced, problem.degree) and consumed != "row":
         return problem.comm.all_gather_s(producer.output_bytes, problem.degree)
@@ -109,7 +111,8 @@ def edge_cost_s(producer: LinearNode, produced: LinearSharding, consumed: Linear
 
 def end_cost_s(node: LinearNode, sharding: LinearSharding, problem: IntraOpProblem) -> float:
     """A segment's output must be whole."""
-    return problem.comm.all_gather_s(node.output_bytes, problem.degree) if _output_sharded(sharding, problem.degree) else 0.0
+    return (problem.comm.all_gather_s(node.output_bytes, problem.degree) if _output_sharded(sharding, problem.degree)
+            else 0.0)
 
 
 def evaluate(problem: IntraOpProblem, choices: dict[str, LinearSharding]) -> IntraOpSolution:
@@ -174,7 +177,8 @@ def solve_intra_op(problem: IntraOpProblem) -> IntraOpSolution | None:
     ilp = cp.Problem(cp.Minimize(cost), constraints)
     ilp.solve(solver=cp.HIGHS)
     if ilp.status not in _SOLVED:
-        logger.debug("intra-op ILP status %s (degree %d, budget %.0f bytes)", ilp.status, problem.degree, problem.memory_budget_bytes)
+        logger.debug("intra-op ILP status %s (degree %d, budget %.0f bytes)", ilp.status, problem.degree,
+                     problem.memory_budget_bytes)
         return None
     choices = {node.name: node.allowed[int(np.argmax(s[node.name].value))] for node in nodes}
     return evaluate(problem, choices)
@@ -242,7 +246,8 @@ def block_segments(block: BlockCost, degree: int) -> list[Segment]:
     qkv_allowed: tuple[LinearSharding, ...] = ("replicated", "column") if heads_split else ("replicated",)
     attn = Segment(nodes=(
         node("qkv", "core", 3 * inner, sh.hidden_size, inner, qkv_allowed),
-        node("attn_out", None, sh.hidden_size, inner, sh.hidden_size, _divisible_shardings(sh.hidden_size, inner, degree)),
+        node("attn_out", None, sh.hidden_size, inner, sh.hidden_size,
+             _divisible_shardings(sh.hidden_size, inner, degree)),
     ))
     mlp = Segment(nodes=(
         node("fc1", "act", sh.intermediate_size, sh.hidden_size, sh.intermediate_size,

@@ -27,7 +27,8 @@ class StagePlan(BaseModel):
     start_layer: int = Field(ge=0, description="First layer of the stage (index in the model's layer view).")
     end_layer: int = Field(ge=1, description="One past the stage's last layer.")
     block_shardings: dict[int, dict[str, LinearSharding]] = Field(
-        default_factory=dict, description="Layer index -> sharding of qkv/attn_out/fc1/fc2; missing blocks are replicated.")
+        default_factory=dict,
+        description="Layer index -> sharding of qkv/attn_out/fc1/fc2; missing blocks are replicated.")
 
     @model_validator(mode="after")
     def _check(self) -> "StagePlan":
@@ -35,10 +36,12 @@ class StagePlan(BaseModel):
             raise ValueError(f"end_layer ({self.end_layer}) must exceed start_layer ({self.start_layer})")
         for index, sharding in self.block_shardings.items():
             if not self.start_layer <= index < self.end_layer:
-                raise ValueError(f"block_shardings[{index}] is outside the stage [{self.start_layer}, {self.end_layer})")
+                raise ValueError(f"block_shardings[{index}] is outside the stage [{self.start_layer}, "
+                                 f"{self.end_layer})")
             unknown = set(sharding) - set(BLOCK_LINEARS)
             if unknown:
-                raise ValueError(f"block_shardings[{index}] names unknown linears {sorted(unknown)}; known: {BLOCK_LINEARS}")
+                raise ValueError(f"block_shardings[{index}] names unknown linears {sorted(unknown)}; known: "
+                                 f"{BLOCK_LINEARS}")
         return self
 
     def block_plans(self) -> dict[int, BlockShardingPlan]:
@@ -59,7 +62,8 @@ class ParallelPlan(BaseModel):
             raise ValueError("the first stage must start at layer 0")
         for before, after in zip(self.stages, self.stages[1:]):
             if before.end_layer != after.start_layer:
-                raise ValueError(f"stages must be contiguous: one ends at {before.end_layer}, the next starts at {after.start_layer}")
+                raise ValueError(f"stages must be contiguous: one ends at {before.end_layer}, the next starts at "
+                                 f"{after.start_layer}")
         return self
 
     @property
@@ -71,7 +75,8 @@ class ParallelPlan(BaseModel):
         return len(self.stages) * self.intra_op_degree
 
     @staticmethod
-    def even(num_layers: int, pipeline_stages: int = 1, intra_op_degree: int = 1, megatron: bool = True) -> "ParallelPlan":
+    def even(num_layers: int, pipeline_stages: int = 1, intra_op_degree: int = 1,
+             megatron: bool = True) -> "ParallelPlan":
         """Layers dealt out evenly (a baseline, not the DP's optimum); blocks Megatron-sharded when degree > 1."""
         if not 1 <= pipeline_stages <= num_layers:
             raise ValueError(f"pipeline_stages must be in [1, {num_layers}], got {pipeline_stages}")
@@ -93,7 +98,7 @@ def stored_or_even(stored: dict[str, Any] | None, num_layers: int, pipeline_stag
         plan = ParallelPlan.model_validate(stored)
         if (plan.num_layers, len(plan.stages), plan.intra_op_degree) == (num_layers, pipeline_stages, intra_op_degree):
             return plan, "planned"
-        logger.warning("stored plan (%d layers, %d stages x %d shards) does not fit the model (%d layers, %d stages x %d "
-                       "shards); cutting it evenly", plan.num_layers, len(plan.stages), plan.intra_op_degree,
-                       num_layers, pipeline_stages, intra_op_degree)
+        logger.warning("stored plan (%d layers, %d stages x %d shards) does not fit the model (%d layers, "
+                       "%d stages x %d shards); cutting it evenly", plan.num_layers, len(plan.stages),
+                       plan.intra_op_degree, num_layers, pipeline_stages, intra_op_degree)
     return ParallelPlan.even(num_layers, pipeline_stages=pipeline_stages, intra_op_degree=intra_op_degree), "even"

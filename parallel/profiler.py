@@ -62,11 +62,16 @@ class LayerMeasurement(BaseModel):
     index: int = Field(ge=0, description="Position in the layer view.")
     kind: str = Field(description="'embeddings', 'block' or 'head'.")
     weight_bytes: int = Field(ge=0, description="Bytes of the layer's weights, unsplit.")
-    latency_s: dict[str, float] = Field(default_factory=dict, description="'<batch>x<tokens>' -> forward seconds (1 thread).")
-    samples: dict[str, int] = Field(default_factory=dict, description="'<batch>x<tokens>' -> timed runs behind latency_s.")
-    output_bytes: dict[str, int] = Field(default_factory=dict, description="'<batch>x<tokens>' -> bytes of the state it outputs.")
-    block_shape: BlockShape | None = Field(default=None, description="Blocks: shapes of the linears (for the intra-op pass).")
-    other_weight_bytes: int = Field(default=0, ge=0, description="Blocks: weight bytes outside the four linears (norms).")
+    latency_s: dict[str, float] = Field(default_factory=dict,
+                                        description="'<batch>x<tokens>' -> forward seconds (1 thread).")
+    samples: dict[str, int] = Field(default_factory=dict,
+                                    description="'<batch>x<tokens>' -> timed runs behind latency_s.")
+    output_bytes: dict[str, int] = Field(default_factory=dict,
+                                         description="'<batch>x<tokens>' -> bytes of the state it outputs.")
+    block_shape: BlockShape | None = Field(default=None,
+                                           description="Blocks: shapes of the linears (for the intra-op pass).")
+    other_weight_bytes: int = Field(default=0, ge=0,
+                                    description="Blocks: weight bytes outside the four linears (norms).")
 
 
 class ModelLayerProfile(BaseModel):
@@ -76,8 +81,10 @@ class ModelLayerProfile(BaseModel):
 
     name: str = Field(description="Model name.")
     source: ModelSource = Field(description="Where the model was loaded from.")
-    tokens_per_sequence: int | None = Field(default=None, description="Vision: tokens per image (fixed by the image size).")
-    input_bytes: dict[str, int] = Field(default_factory=dict, description="'<batch>x<tokens>' -> bytes of the model input.")
+    tokens_per_sequence: int | None = Field(default=None,
+                                            description="Vision: tokens per image (fixed by the image size).")
+    input_bytes: dict[str, int] = Field(default_factory=dict,
+                                        description="'<batch>x<tokens>' -> bytes of the model input.")
     layers: list[LayerMeasurement] = Field(description="Every layer, in order.")
 
     def shapes(self) -> list[tuple[int, int]]:
@@ -86,7 +93,8 @@ class ModelLayerProfile(BaseModel):
 
     def merge(self, other: "ModelLayerProfile") -> "ModelLayerProfile":
         if len(other.layers) != len(self.layers):
-            raise ValueError(f"model {self.name!r}: {len(other.layers)} layers in the new profile, {len(self.layers)} before")
+            raise ValueError(f"model {self.name!r}: {len(other.layers)} layers in the new profile, {len(self.layers)} "
+                             "before")
         layers = []
         for mine, theirs in zip(self.layers, other.layers):
             latency, samples = dict(mine.latency_s), dict(mine.samples)
@@ -178,7 +186,8 @@ def profile_layers(source: ModelSource, batch_sizes: Sequence[int], seq_lens_tok
         layers = standalone_layers(model)
         vision = source.kind == "vision"
         if not vision and (not seq_lens_tokens or min(seq_lens_tokens) < 2):
-            raise ValueError(f"seq_lens_tokens must be a non-empty list of lengths >= 2 for a text model, got {list(seq_lens_tokens)}")
+            raise ValueError("seq_lens_tokens must be a non-empty list of lengths >= 2 for a text model, got "
+                             f"{list(seq_lens_tokens)}")
         measurements = []
         for index, layer in enumerate(layers):
             measurement = LayerMeasurement(index=index, kind=layer.kind, weight_bytes=parameter_bytes(layer))
@@ -207,8 +216,8 @@ def profile_layers(source: ModelSource, batch_sizes: Sequence[int], seq_lens_tok
                     measurements[index].latency_s[key] = seconds
                     measurements[index].samples[key] = repeats
                     measurements[index].output_bytes[key] = state_bytes(state)
-            logger.info("profiled %s shape %d/%d (batch %d, %s tokens): %.2f ms", source.name, number, len(shapes), batch,
-                        hidden_tokens, 1e3 * sum(m.latency_s[key] for m in measurements))
+            logger.info("profiled %s shape %d/%d (batch %d, %s tokens): %.2f ms", source.name, number, len(shapes),
+                        batch, hidden_tokens, 1e3 * sum(m.latency_s[key] for m in measurements))
         return ModelLayerProfile(name=source.name, source=source, tokens_per_sequence=tokens_per_sequence,
                                  input_bytes=input_bytes, layers=measurements)
     finally:
@@ -291,7 +300,8 @@ def profile_comm(degrees: Sequence[int] = (2,), sizes_bytes: Sequence[int] = DEF
             address, port = ray.get(actors[0].rendezvous_address.remote())
             ray.get([actor.init_group.remote(address, port) for actor in actors])
             for kind, fits in (("all_reduce", model.all_reduce), ("all_gather", model.all_gather)):
-                times = [max(ray.get([a.time_collective.remote(kind, n, warmup, repeats) for a in actors])) for n in sizes_bytes]
+                times = [max(ray.get([a.time_collective.remote(kind, n, warmup, repeats) for a in actors]))
+                         for n in sizes_bytes]
                 fits[degree] = fit_alpha_beta(list(sizes_bytes), times)
                 logger.info("%s over %d actors: %s", kind, degree, dict(zip(sizes_bytes, times)))
     finally:

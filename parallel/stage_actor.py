@@ -44,8 +44,8 @@ def _state_to(state: ActivationState, device: torch.device) -> ActivationState:
 class StageShard:
     """The body of a stage actor (a plain class so it can be wrapped by `ray.remote` with any options)."""
 
-    def __init__(self, source: ModelSource, stage: StagePlan, stage_index: int, rank: int, degree: int, num_threads: int = 1,
-                 device_resource: str = GPU_RESOURCE):
+    def __init__(self, source: ModelSource, stage: StagePlan, stage_index: int, rank: int, degree: int,
+                 num_threads: int = 1, device_resource: str = GPU_RESOURCE):
         torch.set_num_threads(num_threads)
         self.source = source
         self.stage = stage
@@ -80,7 +80,8 @@ class StageShard:
                                     world_size=self.degree, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
             collectives = ProcessGroupCollectives()
         model = load_model(self.source)
-        stage = build_stage_layers(model, self.stage.start_layer, self.stage.end_layer, collectives, self.stage.block_plans())
+        stage = build_stage_layers(model, self.stage.start_layer, self.stage.end_layer, collectives,
+                                   self.stage.block_plans())
         del model
         gc.collect()
         self.layers = [layer.to(self.device) for layer in stage.layers]

@@ -1,8 +1,8 @@
 """Which model to load and how to cut one (stage, shard) out of its layer view.
 
 `ModelSource` names a served model the way `placement.core.deployment_spec` does (kind + source + checkpoint), so
-that a Ray actor can load it by itself. `build_stage_layers` keeps only the layers of one pipeline stage, and of each block
-only this shard's slices of the weights (`parallel.tensor_parallel`); everything else is dropped so the actor
+that a Ray actor can load it by itself. `build_stage_layers` keeps only the layers of one pipeline stage, and of each
+block only this shard's slices of the weights (`parallel.tensor_parallel`); everything else is dropped so the actor
 holds its share of the weights and no more. Embeddings and heads are kept whole (replicated over the stage's
 shards).
 """
@@ -71,7 +71,8 @@ def load_model(source: ModelSource):
 def _strip_vit(vit: nn.Module, keep_modules: set[str], keep_parameters: set[str]) -> nn.Module:
     """A shallow copy of a timm VisionTransformer that shares only the named submodules and parameters."""
     stripped = copy.copy(vit)
-    stripped._modules = {name: (module if name in keep_modules else nn.Identity()) for name, module in vit._modules.items()}
+    stripped._modules = {name: (module if name in keep_modules else nn.Identity())
+                         for name, module in vit._modules.items()}
     stripped._modules["blocks"] = nn.Sequential()
     stripped._parameters = {name: (p if name in keep_parameters else None) for name, p in vit._parameters.items()}
     stripped._buffers = dict(vit._buffers)

@@ -169,7 +169,8 @@ class ShardLinear(nn.Module):
         if sharding == "replicated" or degree == 1:
             w, b = weight, bias
         elif sharding == "column":
-            index = out_index if out_index is not None else torch.arange(weight.shape[0])[_chunk(weight.shape[0], rank, degree, "output features")]
+            index = (out_index if out_index is not None
+                     else torch.arange(weight.shape[0])[_chunk(weight.shape[0], rank, degree, "output features")])
             w = weight[index].clone()
             b = bias[index].clone() if bias is not None else None
         elif sharding == "row":
@@ -227,7 +228,8 @@ def bert_block_parts(block: nn.Module) -> BlockParts:
     q, k, v = attention.query, attention.key, attention.value
     qkv_bias = torch.cat([q.bias, k.bias, v.bias]) if q.bias is not None else None
     return BlockParts(
-        qkv_weight=torch.cat([q.weight, k.weight, v.weight]).detach(), qkv_bias=None if qkv_bias is None else qkv_bias.detach(),
+        qkv_weight=torch.cat([q.weight, k.weight, v.weight]).detach(),
+        qkv_bias=None if qkv_bias is None else qkv_bias.detach(),
         attn_out=block.attention.output.dense, fc1=block.intermediate.dense, act=block.intermediate.intermediate_act_fn,
         fc2=block.output.dense, num_heads=attention.num_attention_heads, head_dim=attention.attention_head_size,
         scale=float(getattr(attention, "scaling", attention.attention_head_size ** -0.5)), norm_first=False,
@@ -238,8 +240,8 @@ def bert_block_parts(block: nn.Module) -> BlockParts:
 def vit_block_parts(block: nn.Module) -> BlockParts:
     """Parts of a timm ViT block (timm.models.vision_transformer.Block)."""
     attn, mlp = block.attn, block.mlp
-    for name, module in (("attn.q_norm", attn.q_norm), ("attn.k_norm", attn.k_norm), ("attn.norm", getattr(attn, "norm", nn.Identity())),
-                         ("mlp.norm", mlp.norm)):
+    for name, module in (("attn.q_norm", attn.q_norm), ("attn.k_norm", attn.k_norm),
+                         ("attn.norm", getattr(attn, "norm", nn.Identity())), ("mlp.norm", mlp.norm)):
         if not isinstance(module, nn.Identity):
             raise ValueError(f"tensor parallelism does not support a ViT block with {name} = {type(module).__name__}")
     if getattr(attn, "gate", None) is not None:

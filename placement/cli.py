@@ -45,7 +45,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     placement = Placement.load(args.placement)
     placement.check_memory(profiles, spec.cluster.device_memory_bytes)
     if placement.num_devices > spec.cluster.num_devices:
-        raise ValueError(f"placement uses {placement.num_devices} devices, cluster.num_devices={spec.cluster.num_devices}")
+        raise ValueError(f"placement uses {placement.num_devices} devices, "
+                         f"cluster.num_devices={spec.cluster.num_devices}")
     result = simulate(placement, profiles, workload, simulator_config(spec))
     summary = result.summary()
     print(summary.describe())

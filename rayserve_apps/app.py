@@ -149,7 +149,8 @@ def bind_polymorph_model(model: ModelSpec, params: dict, deployment_name: str, a
         user_config=user_config,
         request_router_config=RequestRouterConfig(
             request_router_class=PolymorphRouter,
-            request_router_kwargs={"threshold": policy.threshold, "decay": policy.decay, "max_levels": policy.max_levels},
+            request_router_kwargs={"threshold": policy.threshold, "decay": policy.decay,
+                                   "max_levels": policy.max_levels},
             request_routing_stats_period_s=policy.routing_stats_period_s),
     ).bind(model.model_dump(mode="json"), policy.model_dump(include=set(PolymorphRuntimeParams.model_fields)))
 
@@ -160,7 +161,8 @@ def resolve_placement(spec: DeploymentSpec) -> DeploymentSpec:
         return spec
     placement = plan_deployment(spec)
     logger.info("planned placement:\n%s", placement.describe())
-    return parse_spec({**spec.model_dump(mode="json", exclude_none=True), "placement": placement.model_dump(mode="json")})
+    return parse_spec({**spec.model_dump(mode="json", exclude_none=True),
+                       "placement": placement.model_dump(mode="json")})
 
 
 def build_app(args: dict[str, Any] | DeploymentSpec) -> Application:
@@ -173,7 +175,9 @@ def build_app(args: dict[str, Any] | DeploymentSpec) -> Application:
     groups = []
     if spec.placement is not None:
         resource = spec.cluster.device_resource
-        check_placement_fits(spec, [sum(b.get(resource, 0.0) for b in group_bundles_for(spec, g)) for g in spec.placement.groups])
+        check_placement_fits(spec,
+                             [sum(b.get(resource, 0.0) for b in group_bundles_for(spec, g))
+                              for g in spec.placement.groups])
         groups = [_bind_group(spec, i, group, version=0) for i, group in enumerate(layout.slots)]
     grouped = spec.placement.models() if spec.placement is not None else set()
     handles = {model.name: _bind_model(spec, model) for model in spec.models if model.name not in grouped}
@@ -184,4 +188,5 @@ def build_app(args: dict[str, Any] | DeploymentSpec) -> Application:
         ).bind(spec.model_dump(mode="json"))
     logger.info("plexserve app: %d models, %d group slots, %d single-model deployments, controller %s",
                 len(spec.models), len(groups), len(handles), "on" if controller is not None else "off")
-    return ingress.bind(spec.model_dump(mode="json"), model_handles=handles, group_handles=groups, controller=controller)
+    return ingress.bind(spec.model_dump(mode="json"), model_handles=handles, group_handles=groups,
+                        controller=controller)

@@ -219,7 +219,8 @@ class PolymorphAssignmentParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    assignment: dict[int, int] = Field(default_factory=dict, description="Replica rank -> runtime max length in tokens.")
+    assignment: dict[int, int] = Field(default_factory=dict,
+                                       description="Replica rank -> runtime max length in tokens.")
     version: int = Field(default=0, ge=0, description="Allocation version, increasing with every update.")
 
 
@@ -235,28 +236,36 @@ class PolymorphRuntimeParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    capacities: dict[int, int] = Field(description="Runtime max length in tokens -> capacity within the SLO (Arlo M_i), in requests; "
-                                                   "from a measured RuntimeProfileSet (benchmarks/polymorphing.py) or set by hand.")
-    batch_size: int = Field(default=1, ge=1, description="Batch size (rows) each static runtime is compiled for (Arlo: small, fixed).")
+    capacities: dict[int, int] = Field(description="Runtime max length in tokens -> capacity within the SLO (Arlo "
+                                                   "M_i), in requests; from a measured RuntimeProfileSet "
+                                                   "(benchmarks/polymorphing.py) or set by hand.")
+    batch_size: int = Field(default=1, ge=1,
+                            description="Batch size (rows) each static runtime is compiled for (Arlo: small, fixed).")
     backend: str = Field(default="trace", pattern="^(eager|trace|compile)$", description="Static compilation backend.")
     execution: Execution = Field(default="packed", description="packed: ConcatBatching rows of the runtime's length "
-                                                               "(TCB §4.1); padded: one text per row padded to it (Arlo).")
+                                                               "(TCB §4.1); padded: one text per row padded to it "
+                                                               "(Arlo).")
 
 
 class PolymorphingPolicyParams(PolymorphRuntimeParams):
     """`policies: {polymorphing: {name: arlo, params: ...}}` of a text model in the deployment spec: the replicas'
     runtimes, the router's Alg. 1 parameters and the controller's allocation period and target tracking."""
 
-    initial_counts: dict[int, int] | None = Field(default=None, description="Runtime max length -> replicas at start; default: one of each.")
+    initial_counts: dict[int, int] | None = Field(default=None,
+                                                  description="Runtime max length -> replicas at start; default: one "
+                                                              "of each.")
     threshold: float = Field(default=ARLO_LAMBDA, gt=0, description="Arlo Alg. 1 lambda.")
     decay: float = Field(default=ARLO_ALPHA, gt=0, le=1, description="Arlo Alg. 1 alpha.")
     max_levels: int = Field(default=ARLO_MAX_LEVELS, ge=1, description="Arlo Alg. 1 L.")
-    routing_stats_period_s: float = Field(default=1.0, gt=0, description="How often replicas report outstanding requests, in seconds.")
+    routing_stats_period_s: float = Field(default=1.0, gt=0,
+                                          description="How often replicas report outstanding requests, in seconds.")
     allocation_period_s: float = Field(default=ARLO_ALLOCATION_PERIOD_S, gt=0,
-                                       description="Seconds between runtime re-allocations (Arlo §5: 120 s; placement.arlo.live_allocator).")
+                                       description="Seconds between runtime re-allocations (Arlo §5: 120 s; "
+                                                   "placement.arlo.live_allocator).")
     autoscaling: dict[str, Any] | None = Field(
         default=None, description="Arlo §4 target tracking applied by the controller: the fields of "
-                                  "placement.arlo.autoscaling.AutoscalingParams but slo_ms (the model's); null: a fixed replica count.")
+                                  "placement.arlo.autoscaling.AutoscalingParams but slo_ms (the model's); null: a "
+                                  "fixed replica count.")
 
     def autoscaling_params(self, slo_ms: float) -> AutoscalingParams | None:
         """The target-tracking parameters with the model's SLO (ValueError naming a bad field)."""

@@ -23,18 +23,22 @@ LATENCY_MS_BOUNDARIES = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 1
 
 @cache
 def requests_total() -> Counter:
-    return Counter("plexserve_requests_total", description="Requests answered, by model and outcome (ok, rejected, failed).",
+    return Counter("plexserve_requests_total",
+                   description="Requests answered, by model and outcome (ok, rejected, failed).",
                    tag_keys=("model", "outcome"))
 
 
 @cache
 def slo_met_total() -> Counter:
-    return Counter("plexserve_slo_met_total", description="Requests answered within their model's SLO.", tag_keys=("model",))
+    return Counter("plexserve_slo_met_total", description="Requests answered within their model's SLO.",
+                   tag_keys=("model",))
 
 
 @cache
 def slo_attainment() -> Gauge:
-    return Gauge("plexserve_slo_attainment", description="Requests within the model's SLO over all requests, refused ones included, in the last minute (0..1).",
+    return Gauge("plexserve_slo_attainment",
+                 description="Requests within the model's SLO over all requests, refused ones included, in the last "
+                             "minute (0..1).",
                  tag_keys=("model",))
 
 
@@ -52,7 +56,8 @@ def request_latency_ms() -> Histogram:
 
 @cache
 def group_queue_length() -> Gauge:
-    return Gauge("plexserve_group_queue_length", description="Requests in flight in a device group.", tag_keys=("group",))
+    return Gauge("plexserve_group_queue_length", description="Requests in flight in a device group.",
+                 tag_keys=("group",))
 
 
 @cache
@@ -87,14 +92,15 @@ def batch_utility_total() -> Counter:
 
 @cache
 def dropped_requests_total() -> Counter:
-    return Counter("plexserve_dropped_requests_total", description="Texts dropped because their deadline passed while waiting.",
-                   tag_keys=("model",))
+    return Counter("plexserve_dropped_requests_total",
+                   description="Texts dropped because their deadline passed while waiting.", tag_keys=("model",))
 
 
 @cache
 def controller_decisions_total() -> Counter:
     return Counter("plexserve_controller_decisions_total",
-                   description="Placement controller decisions, by outcome (kept, applied, failed, idle).", tag_keys=("outcome",))
+                   description="Placement controller decisions, by outcome (kept, applied, failed, idle).",
+                   tag_keys=("outcome",))
 
 
 @cache
@@ -113,5 +119,5 @@ def controller_decision_seconds() -> Gauge:
 def placement_changes_total() -> Counter:
     return Counter("plexserve_placement_changes_total",
                    description="Group slots changed by re-placements, by kind (rehost, start, stop, replace); "
-                               "runtime replicas switched by Arlo re-allocations (runtime) or added and released by its "
-                               "target tracking (scale_out, scale_in).", tag_keys=("kind",))
+                               "runtime replicas switched by Arlo re-allocations (runtime) or added and released "
+                               "by its target tracking (scale_out, scale_in).", tag_keys=("kind",))

@@ -40,7 +40,8 @@ class RequestError(ValueError):
 def parse_json_body(body: bytes, max_request_bytes: int) -> dict[str, Any]:
     """Bytes of an HTTP body -> a JSON object, or RequestError (413 when too large, 400 when malformed)."""
     if len(body) > max_request_bytes:
-        raise RequestError(413, "request_too_large", f"request body has {len(body)} bytes; the limit is {max_request_bytes} bytes")
+        raise RequestError(413, "request_too_large",
+                           f"request body has {len(body)} bytes; the limit is {max_request_bytes} bytes")
     try:
         payload = json.loads(body)
     except RecursionError:
@@ -58,10 +59,12 @@ def find_model(spec: DeploymentSpec, name: str, kind: str) -> ModelSpec:
         model = spec.model(name)
     except KeyError:
         known = ", ".join(m.name for m in spec.models)
-        raise RequestError(404, "unknown_model", f"no model named {name!r}; served models: {known}", field="model") from None
+        raise RequestError(404, "unknown_model", f"no model named {name!r}; served models: {known}",
+                           field="model") from None
     if model.kind != kind:
         verb = "embed" if model.kind == "text" else "classify"
-        raise RequestError(400, "wrong_model_kind", f"model {name!r} is a {model.kind} model; use /v1/models/{name}/{verb}", field="model")
+        raise RequestError(400, "wrong_model_kind",
+                           f"model {name!r} is a {model.kind} model; use /v1/models/{name}/{verb}", field="model")
     return model
 
 
@@ -76,17 +79,20 @@ def check_texts(payload: Any, max_items: int) -> list[str]:
     if not isinstance(texts, list) or not texts:
         raise RequestError(422, "invalid_field", "'texts' must be a non-empty list of strings", field="texts")
     if len(texts) > max_items:
-        raise RequestError(413, "too_many_items", f"'texts' has {len(texts)} items; the limit is {max_items}", field="texts")
+        raise RequestError(413, "too_many_items", f"'texts' has {len(texts)} items; the limit is {max_items}",
+                           field="texts")
     for index, text in enumerate(texts):
         if not isinstance(text, str):
-            raise RequestError(422, "invalid_field", f"texts[{index}] must be a string, got {type(text).__name__}", field=f"texts[{index}]")
+            raise RequestError(422, "invalid_field", f"texts[{index}] must be a string, got {type(text).__name__}",
+                               field=f"texts[{index}]")
         if not text.strip():
             raise RequestError(422, "invalid_field", f"texts[{index}] is empty", field=f"texts[{index}]")
         if not text.isascii():
             try:
                 text.encode("utf-8")
             except UnicodeEncodeError:
-                raise RequestError(422, "invalid_text", f"texts[{index}] holds a lone surrogate; strings must be valid Unicode",
+                raise RequestError(422, "invalid_text",
+                                   f"texts[{index}] holds a lone surrogate; strings must be valid Unicode",
                                    field=f"texts[{index}]") from None
     return texts
 
@@ -129,8 +135,10 @@ def check_query_options(payload: dict[str, Any]) -> dict[str, Any]:
         value = options.get(name)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value) or value < low or (strict and value == low):
-            raise RequestError(422, "invalid_field", f"'{name}' must be a number {'>' if strict else '>='} {low:g}", field=name)
+        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value) or value < low
+            or (strict and value == low)):
+            raise RequestError(422, "invalid_field", f"'{name}' must be a number {'>' if strict else '>='} {low:g}",
+                               field=name)
     return options
 
 
@@ -146,32 +154,39 @@ def check_images(payload: Any, contract: ImageContract, max_items: int) -> np.nd
     """`payload["images"]` (nested lists, a numpy array or a torch tensor [N, C, H, W]) with optional `dtype` -> float32
     array, or RequestError."""
     if not isinstance(payload, dict) or "images" not in payload:
-        raise RequestError(422, "invalid_field", "body must have a field 'images' (nested lists [N, C, H, W])", field="images")
+        raise RequestError(422, "invalid_field", "body must have a field 'images' (nested lists [N, C, H, W])",
+                           field="images")
     extra = sorted(set(payload) - {"images", "dtype", *QUERY_OPTION_FIELDS})
     if extra:
         raise RequestError(422, "invalid_field", f"unknown field(s) {extra}; expected 'images' and optional 'dtype', "
                            "'task', 'slo_ms', 'utility'", field=extra[0])
     dtype = payload.get("dtype", "float32")
     if not isinstance(dtype, str) or dtype not in IMAGE_DTYPE_SCALES:
-        raise RequestError(422, "invalid_dtype", f"dtype {dtype!r} is not supported; use one of {sorted(IMAGE_DTYPE_SCALES)}", field="dtype")
+        raise RequestError(422, "invalid_dtype",
+                           f"dtype {dtype!r} is not supported; use one of {sorted(IMAGE_DTYPE_SCALES)}", field="dtype")
     images = payload["images"]
     if not isinstance(images, list) and hasattr(images, "__array__"):  # a numpy array or a (CPU) torch tensor
         images = np.asarray(images)
         if images.ndim == 0:
-            raise RequestError(422, "invalid_shape", "'images' must be an array [N, C, H, W], got a scalar", field="images")
+            raise RequestError(422, "invalid_shape", "'images' must be an array [N, C, H, W], got a scalar",
+                               field="images")
     if not isinstance(images, (list, np.ndarray)) or not len(images):
         raise RequestError(422, "invalid_field", "'images' must be a non-empty list", field="images")
     if len(images) > max_items:
-        raise RequestError(413, "too_many_items", f"'images' has {len(images)} items; the limit is {max_items}", field="images")
+        raise RequestError(413, "too_many_items", f"'images' has {len(images)} items; the limit is {max_items}",
+                           field="images")
     try:
         array = np.asarray(images)
     except ValueError:
-        raise RequestError(422, "invalid_shape", "'images' is ragged: every image must have the same shape", field="images") from None
+        raise RequestError(422, "invalid_shape", "'images' is ragged: every image must have the same shape",
+                           field="images") from None
     expected = f"[N, {contract.channels}, {contract.height}, {contract.width}]"
     if array.dtype == object or array.ndim != 4 or tuple(array.shape[1:]) != contract.shape:
-        raise RequestError(422, "invalid_shape", f"'images' must have shape {expected}, got {list(array.shape)}", field="images")
+        raise RequestError(422, "invalid_shape", f"'images' must have shape {expected}, got {list(array.shape)}",
+                           field="images")
     if array.dtype.kind not in "iuf":
-        raise RequestError(422, "invalid_dtype", f"'images' must hold numbers, got {array.dtype.kind!r} values", field="images")
+        raise RequestError(422, "invalid_dtype", f"'images' must hold numbers, got {array.dtype.kind!r} values",
+                           field="images")
     if dtype == "uint8" and (array.dtype.kind == "f" or array.min() < 0 or array.max() > 255):
         raise RequestError(422, "invalid_dtype", "dtype 'uint8' needs integers in [0, 255]", field="images")
     values = array.astype(np.float32) * np.float32(IMAGE_DTYPE_SCALES[dtype])

@@ -51,7 +51,8 @@ TRAFFIC_GAP_S = 0.05
 
 
 def group(devices: int, models: list[str], stages: int = 1) -> dict:
-    return {"num_devices": devices, "config": {"intra_op_degree": devices // stages, "pipeline_stages": stages}, "models": models}
+    return {"num_devices": devices, "config": {"intra_op_degree": devices // stages, "pipeline_stages": stages},
+            "models": models}
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +62,8 @@ def app(tmp_path_factory):
     if ray.is_initialized():
         serve.shutdown()
         ray.shutdown()
-    ray.init(address="local", num_cpus=8, resources={TEST_DEVICE_RESOURCE: NUM_DEVICES}, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=8, resources={TEST_DEVICE_RESOURCE: NUM_DEVICES}, include_dashboard=False,
+             log_to_driver=False)
     port = free_port()
     http_options = {"host": "127.0.0.1", "port": port}
     serve.start(http_options=http_options)
@@ -69,14 +71,17 @@ def app(tmp_path_factory):
     vit = load_vit("timm:vit_tiny_patch16_224", allow_random_init=True, num_classes=4, image_size_px=16, **TINY_VIT)
     torch.save(vit.model.state_dict(), folder / "vit.pt")
     profiles = ProfileSet(source="synthetic", device="stand-in: 0.1 s per request (vit-c 0.2 s) on any device",
-                          models={m: model_profile(m, 64 * 1024**2, VIT_C_LATENCY_S if m == "vit-c" else PROFILE_LATENCY_S)
+                          models={m: model_profile(m, 64 * 1024**2,
+                                                   VIT_C_LATENCY_S if m == "vit-c" else PROFILE_LATENCY_S)
                                   for m in MODELS})
     profiles.save(folder / "profiles.json")
     spec = parse_spec({
         "cluster": {"num_devices": NUM_DEVICES, "device_resource": TEST_DEVICE_RESOURCE},
-        "models": [{"name": m, "kind": "vision", "source": "timm:vit_tiny_patch16_224", "checkpoint_path": str(folder / "vit.pt"),
+        "models": [{"name": m, "kind": "vision", "source": "timm:vit_tiny_patch16_224",
+                    "checkpoint_path": str(folder / "vit.pt"),
                     "num_classes": 4, "image_size_px": 16, "timm_kwargs": TINY_VIT, "num_cpus_per_replica": 0.25,
-                    "slo_ms": 2000, "max_queued_requests": MAX_QUEUED, "max_batch_size": MAX_BATCH_SIZE} for m in MODELS],
+                    "slo_ms": 2000, "max_queued_requests": MAX_QUEUED,
+                    "max_batch_size": MAX_BATCH_SIZE} for m in MODELS],
         "placement": {"groups": [group(2, ["vit-a", "vit-b"], stages=2), group(1, ["vit-c"])]},
         "planning": {"profiles": {"path": str(folder / "profiles.json")}, "planner": {"max_group_devices": 2}},
         # A long period: the tests trigger decisions themselves.
@@ -142,8 +147,10 @@ def test_slots_run_the_initial_placement_and_the_controller_reads_it(app):
 
 def test_replacement_while_requests_flow_loses_none_and_restarts_only_changed_slots(app):
     before = slots(app)
-    first = {"groups": [group(2, ["vit-a", "vit-b"], stages=2), group(1, ["vit-a", "vit-c"]), group(1, ["vit-b", "vit-c"])]}
-    second = {"groups": [group(1, ["vit-a", "vit-c"]), group(1, ["vit-b", "vit-c"]), group(1, ["vit-a"]), group(1, ["vit-b"])]}
+    first = {"groups": [group(2, ["vit-a", "vit-b"], stages=2), group(1, ["vit-a", "vit-c"]),
+                        group(1, ["vit-b", "vit-c"])]}
+    second = {"groups": [group(1, ["vit-a", "vit-c"]), group(1, ["vit-b", "vit-c"]), group(1, ["vit-a"]),
+                         group(1, ["vit-b"])]}
     # (SLO admission may refuse a request with 503 while a model loads beside it; none may fail once accepted.)
     with Traffic(app, MODELS) as traffic:
         time.sleep(1)
@@ -167,7 +174,8 @@ def test_replacement_while_requests_flow_loses_none_and_restarts_only_changed_sl
     assert kinds == [[(0, "replace")], [(3, "start")]]
     for name in ("group-1", "group-2"):  # untouched by the second re-placement: same processes
         assert after[name]["pid"] == middle[name]["pid"]
-    assert sorted(sorted(g["models"]) for g in after.values()) == [["vit-a"], ["vit-a", "vit-c"], ["vit-b"], ["vit-b", "vit-c"]]
+    assert (sorted(sorted(g["models"]) for g in after.values())
+            == [["vit-a"], ["vit-a", "vit-c"], ["vit-b"], ["vit-b", "vit-c"]])
 
 
 def test_history_lists_decisions_newest_last(app):
@@ -175,7 +183,8 @@ def test_history_lists_decisions_newest_last(app):
     decisions = body["decisions"]
     assert [d["trigger"] for d in decisions][-2:] == ["operator", "operator"]
     assert decisions[-1]["id"] == decisions[-2]["id"] + 1 and decisions[-1]["duration_s"] > 0
-    assert requests.get(f"{app['url']}/v1/placement/history?limit=1", timeout=TIMEOUT_S).json()["decisions"] == decisions[-1:]
+    assert (requests.get(f"{app['url']}/v1/placement/history?limit=1", timeout=TIMEOUT_S).json()["decisions"]
+            == decisions[-1:])
     bad = requests.get(f"{app['url']}/v1/placement/history?limit=0", timeout=TIMEOUT_S)
     assert bad.status_code == 422 and bad.json()["error"]["field"] == "limit"
 
@@ -245,7 +254,8 @@ def test_killed_group_replica_fails_only_its_own_requests_and_comes_back(app):
         os.kill(layout[victim_slot]["pid"], signal.SIGKILL)
         time.sleep(3)
     # Models the killed replica did not host never noticed; its own in-flight requests got a 503 with a JSON reason.
-    assert all(status == 200 for (model, status) in traffic.statuses if model not in victims), (victims, traffic.statuses, traffic.bodies[:3])
+    assert all(status == 200 for (model, status) in traffic.statuses
+               if model not in victims), (victims, traffic.statuses, traffic.bodies[:3])
     assert {status for (model, status) in traffic.statuses if model in victims} <= {200, 503}, traffic.statuses
     assert all('"error"' in body for body in traffic.bodies)
     info: dict = {}
@@ -268,7 +278,8 @@ def test_killed_group_replica_fails_only_its_own_requests_and_comes_back(app):
         if all(r.status_code == 200 for r in answers.values()):
             break
         time.sleep(1)
-    assert all(r.status_code == 200 for r in answers.values()), {m: (r.status_code, r.text[:300]) for m, r in answers.items()}
+    assert all(r.status_code == 200 for r in answers.values()), {m: (r.status_code, r.text[:300])
+                                                                 for m, r in answers.items()}
 
 
 def test_load_past_saturation_gets_503_with_reasons_never_a_crash(app):
@@ -282,7 +293,8 @@ def test_load_past_saturation_gets_503_with_reasons_never_a_crash(app):
     hosts = [name for name, g in layout.items() if "vit-a" in g["models"]]
     pids = [pid for name in hosts for row in layout[name]["stage_actor_pids"]["vit-a"] for pid in row]
     assert pids, layout
-    capacity = sum(group_max_ongoing_requests(app["spec"], layout[name]["models"]) + MAX_QUEUED * len(layout[name]["models"])
+    capacity = sum(group_max_ongoing_requests(app["spec"], layout[name]["models"])
+                   + MAX_QUEUED * len(layout[name]["models"])
                    for name in hosts)
     clients = capacity + EXTRA_CLIENTS
     with ThreadPoolExecutor(clients) as pool:

@@ -12,11 +12,13 @@ GIB = 1024**3
 def synthetic_profiles() -> ProfileSet:
     """Two models with single-device and 2-stage configurations (synthetic figures, named as such)."""
     def model(name: str, latency_s: float) -> ModelProfile:
-        one = ConfigProfile(config=ParallelConfig(), stages=[StageProfile(latency_s={1: latency_s}, weight_bytes_per_device=GIB)])
+        one = ConfigProfile(config=ParallelConfig(),
+                            stages=[StageProfile(latency_s={1: latency_s}, weight_bytes_per_device=GIB)])
         two = ConfigProfile(config=ParallelConfig(pipeline_stages=2), stages=[
             StageProfile(latency_s={1: latency_s * 0.55}, weight_bytes_per_device=GIB // 2) for _ in range(2)])
         return ModelProfile(name=name, configs=[one, two])
-    return ProfileSet(source="synthetic", device="test", models={"alpha": model("alpha", 0.05), "beta": model("beta", 0.02)})
+    return ProfileSet(source="synthetic", device="test",
+                      models={"alpha": model("alpha", 0.05), "beta": model("beta", 0.02)})
 
 
 def spec_dict(profiles_path: str, **planning) -> dict:

@@ -17,7 +17,8 @@ from rayserve_apps.replicas.group import MAX_MODELS_PER_GROUP
 
 
 @pytest.mark.parametrize("resource, cuda_available, expected", [
-    ("GPU", True, "cuda"), ("GPU", False, "cpu"), ("CPU", True, "cpu"), ("device", True, "cpu"), ("device", False, "cpu"),
+    ("GPU", True, "cuda"), ("GPU", False, "cpu"), ("CPU", True, "cpu"), ("device", True, "cpu"),
+    ("device", False, "cpu"),
 ])
 def test_cuda_exactly_when_the_resource_is_a_gpu_and_torch_sees_one(monkeypatch, resource, cuda_available, expected):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda_available)

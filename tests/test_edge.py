@@ -64,7 +64,8 @@ def test_an_integer_longer_than_python_converts_is_malformed_json():
 
 @pytest.mark.parametrize("exception, status, error_type", [
     (RecursionError(), 400, "too_deeply_nested"), (OverflowError("x"), 422, "invalid_value"),
-    (TypeError("unhashable type: 'list'"), 422, "invalid_input"), (UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogate"), 422, "invalid_text"),
+    (TypeError("unhashable type: 'list'"), 422, "invalid_input"),
+    (UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogate"), 422, "invalid_text"),
     (RequestError(413, "too_many_items", "m", "texts"), 413, "too_many_items"),
 ])
 def test_any_exception_while_validating_is_a_4xx(exception, status, error_type):
@@ -87,7 +88,8 @@ def test_schemas_refuse_unknown_fields_and_name_the_field():
     assert raised(validate_body, ClassifyRequest, {"images": [[1]], "top_k": 0}).field == "top_k"
     assert validate_body(EmbeddingsRequest, {"model": "m", "input": "hi"}).input == "hi"
     assert validate_body(EmbeddingsRequest, {"model": "m", "input": [[101, 102]]}).input == [[101, 102]]
-    assert raised(validate_body, EmbeddingsRequest, {"model": "m", "input": "hi", "encoding_format": "int8"}).field == "encoding_format"
+    assert (raised(validate_body, EmbeddingsRequest, {"model": "m", "input": "hi", "encoding_format": "int8"}).field
+            == "encoding_format")
 
 
 def edge_app(limit_bytes: int) -> FastAPI:
@@ -114,13 +116,15 @@ def test_fastapi_errors_and_body_limits_use_the_error_shape():
         (client.get("/nowhere"), 404, "not_found"), (client.get("/echo"), 405, "method_not_allowed"),
         (client.get("/items?limit=abc"), 422, "invalid_field"),
         (client.post("/echo", content=b"x" * 5000), 413, "request_too_large"),
-        (client.post("/echo", content=iter([b"{" + b" " * 2600, b" " * 2600 + b"}"])), 413, "request_too_large"),  # chunked
+        # chunked
+        (client.post("/echo", content=iter([b"{" + b" " * 2600, b" " * 2600 + b"}"])), 413, "request_too_large"),
         (client.post("/echo", content=b"{\"texts\": [\"unterminated"), 400, "malformed_json"),
         (client.post("/echo", content=b"[" * 1000 + b"]" * 1000), 400, "too_deeply_nested"),
         (client.post("/echo", content=b"[1, 2]"), 400, "malformed_json"),
     ]:
         assert response.status_code == status, response.text
-        assert set(response.json()["error"]) == {"type", "message", "field"} and response.json()["error"]["type"] == error_type
+        assert (set(response.json()["error"]) == {"type", "message", "field"}
+                and response.json()["error"]["type"] == error_type)
     assert client.get("/items?limit=abc").json()["error"]["field"] == "limit"
     assert client.post("/echo", content=iter([b'{"a": 1', b"}"])).json() == {"keys": ["a"]}
 
@@ -145,8 +149,10 @@ def test_a_png_at_the_model_size_is_its_nested_list_form():
 def test_a_224px_jpeg_fits_100kb_and_is_resized_for_the_model():
     side = 224
     ramp = np.linspace(0, 255, side, dtype=np.float32)
-    pixels = np.stack([np.add.outer(ramp, ramp) / 2, np.tile(ramp, (side, 1)), np.tile(ramp[:, None], (1, side))], axis=-1)
-    body = json.dumps({"images_base64": [encoded(Image.fromarray(pixels.astype(np.uint8)), "JPEG", quality=90)]}).encode()
+    pixels = np.stack([np.add.outer(ramp, ramp) / 2, np.tile(ramp, (side, 1)), np.tile(ramp[:, None], (1, side))],
+                      axis=-1)
+    body = json.dumps({"images_base64": [encoded(Image.fromarray(pixels.astype(np.uint8)), "JPEG",
+                                                 quality=90)]}).encode()
     assert len(body) <= 100 * 1024
     decoded = ImageDecoder(ModelSpec(**VISION)).decode(json.loads(body)["images_base64"])
     assert decoded.shape == (1, 3, 16, 16) and np.isfinite(decoded).all()
@@ -154,8 +160,9 @@ def test_a_224px_jpeg_fits_100kb_and_is_resized_for_the_model():
     assert gray.shape == (1, 1, 16, 16)
 
 
-@pytest.mark.parametrize("item, error_type", [("not base64!", "invalid_image"), (base64.b64encode(b"GIF89a....").decode(), "invalid_image"),
-                                              (encoded(Image.new("RGB", (4, 4)), "GIF"), "invalid_image")])
+@pytest.mark.parametrize("item, error_type",
+                         [("not base64!", "invalid_image"), (base64.b64encode(b"GIF89a....").decode(), "invalid_image"),
+                          (encoded(Image.new("RGB", (4, 4)), "GIF"), "invalid_image")])
 def test_bad_image_files_are_refused_by_index(item, error_type):
     error = raised(ImageDecoder(ModelSpec(**VISION)).decode, [item])
     assert error.error_type == error_type and error.field == "images_base64[0]"
@@ -216,8 +223,10 @@ def test_kserve_text_input_json_and_binary():
     binary = InferInput(name="texts", shape=[2], datatype="BYTES", parameters={"binary_data_size": len(raw)})
     assert text_input(binary, raw) == texts
     assert text_input(InferInput(name="texts", shape=[2, 1], datatype="BYTES", data=texts), b"") == texts
-    assert raised(text_input, InferInput(name="texts", shape=[3], datatype="BYTES", data=texts), b"").error_type == "invalid_shape"
-    assert raised(text_input, InferInput(name="texts", shape=[1], datatype="BYTES", data=[7]), b"").error_type == "invalid_shape"
+    assert (raised(text_input, InferInput(name="texts", shape=[3], datatype="BYTES", data=texts), b"").error_type
+            == "invalid_shape")
+    assert (raised(text_input, InferInput(name="texts", shape=[1], datatype="BYTES", data=[7]), b"").error_type
+            == "invalid_shape")
 
 
 def test_a_lone_surrogate_quoted_back_in_an_error_still_encodes():

@@ -86,8 +86,10 @@ def replica_actors() -> set[str]:
 FOUR_BODIES = [
     ("/v1/models/minilm/embed", b'{"texts": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "too_deeply_nested"),
     ("/v1/models/minilm/embed", b'{"texts": ["\\ud800"]}', "invalid_field"),
-    ("/v1/models/vit/classify", json.dumps({"images": images(1).tolist(), "dtype": ["float32"]}).encode(), "invalid_field"),
-    ("/v1/models/vit/classify", b'{"images": ' + json.dumps(images(1).tolist()).encode() + b', "slo_ms": 1' + b"0" * 400 + b"}", "invalid_field"),
+    ("/v1/models/vit/classify", json.dumps({"images": images(1).tolist(), "dtype": ["float32"]}).encode(),
+     "invalid_field"),
+    ("/v1/models/vit/classify",
+     b'{"images": ' + json.dumps(images(1).tolist()).encode() + b', "slo_ms": 1' + b"0" * 400 + b"}", "invalid_field"),
 ]
 
 
@@ -124,24 +126,33 @@ def test_chunked_body_over_the_limit_is_refused(app):
 
 
 #: Strings clients send: surrogates, zero-width and right-to-left marks, combining marks, NUL, emoji, long ones.
-NASTY_TEXTS = st.sampled_from(["\ud800", "a\udfffb", "\u200b", "\u200b\u200d\ufeff", "\u202eabc", "e\u0301" * 50, "\x00",
-                               "😀" * 100, "word " * 600, ONE_MB_TEXT, "a" * (MAX_REQUEST_BYTES + 1), " ", ""])
+NASTY_TEXTS = st.sampled_from(["\ud800", "a\udfffb", "\u200b", "\u200b\u200d\ufeff", "\u202eabc", "e\u0301" * 50,
+                               "\x00", "😀" * 100, "word " * 600, ONE_MB_TEXT, "a" * (MAX_REQUEST_BYTES + 1), " ", ""])
 NUMBERS = st.one_of(st.integers(), st.sampled_from([10**400, -(10**400), 2**63, -1, 0, 1e308, -0.0, 5e-324]),
                     st.floats(allow_nan=True, allow_infinity=True))
 SCALARS = st.one_of(st.none(), st.booleans(), NUMBERS, st.text(max_size=20), NASTY_TEXTS)
-JSON_VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+JSON_VALUES = st.recursive(SCALARS,
+                           lambda inner: (st.lists(inner, max_size=4)
+                                          | st.dictionaries(st.text(max_size=8), inner, max_size=4)),
                            max_leaves=12)
 GOOD_IMAGE = images(1).tolist()
 FIELDS = {
-    "/v1/models/minilm/embed": {"texts": st.one_of(JSON_VALUES, st.lists(st.one_of(st.text(max_size=30), NASTY_TEXTS), max_size=10))},
-    "/v1/models/vit/classify": {"images": st.one_of(JSON_VALUES, st.just(GOOD_IMAGE)), "images_base64": st.one_of(JSON_VALUES, st.lists(st.text(max_size=20), max_size=3)),
-                                "dtype": st.one_of(JSON_VALUES, st.sampled_from(["float32", "uint8"])), "slo_ms": JSON_VALUES,
+    "/v1/models/minilm/embed": {"texts": st.one_of(JSON_VALUES,
+                                                   st.lists(st.one_of(st.text(max_size=30), NASTY_TEXTS),
+                                                            max_size=10))},
+    "/v1/models/vit/classify": {"images": st.one_of(JSON_VALUES, st.just(GOOD_IMAGE)),
+                                "images_base64": st.one_of(JSON_VALUES, st.lists(st.text(max_size=20), max_size=3)),
+                                "dtype": st.one_of(JSON_VALUES, st.sampled_from(["float32", "uint8"])),
+                                "slo_ms": JSON_VALUES,
                                 "utility": JSON_VALUES, "task": JSON_VALUES, "top_k": JSON_VALUES},
-    "/v1/embeddings": {"model": st.one_of(st.just("minilm"), JSON_VALUES), "input": st.one_of(JSON_VALUES, NASTY_TEXTS, st.lists(st.integers(), max_size=5)),
-                       "encoding_format": st.one_of(st.sampled_from(["float", "base64"]), JSON_VALUES), "dimensions": JSON_VALUES},
+    "/v1/embeddings": {"model": st.one_of(st.just("minilm"), JSON_VALUES),
+                       "input": st.one_of(JSON_VALUES, NASTY_TEXTS, st.lists(st.integers(), max_size=5)),
+                       "encoding_format": st.one_of(st.sampled_from(["float", "base64"]), JSON_VALUES),
+                       "dimensions": JSON_VALUES},
     "/v2/models/vit/infer": {"inputs": st.one_of(JSON_VALUES, st.lists(st.fixed_dictionaries(
         {"name": st.sampled_from(["images", "x"]), "shape": st.lists(st.integers(-2, 20), max_size=5),
-         "datatype": st.sampled_from(["FP32", "UINT8", "BYTES", "x"]), "data": JSON_VALUES}), max_size=2)), "outputs": JSON_VALUES},
+         "datatype": st.sampled_from(["FP32", "UINT8", "BYTES", "x"]), "data": JSON_VALUES}), max_size=2)),
+                             "outputs": JSON_VALUES},
 }
 
 
@@ -210,20 +221,23 @@ def test_tritonclient_sees_the_server_and_infers_like_classify(app):
     client = triton.InferenceServerClient(url=app["url"].removeprefix("http://"))
     assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("vit")
     metadata = client.get_model_metadata("vit")
-    assert metadata["inputs"][0]["shape"] == [-1, 3, 16, 16] and {o["name"] for o in metadata["outputs"]} == {"probabilities", "label"}
+    assert (metadata["inputs"][0]["shape"] == [-1, 3, 16, 16]
+            and {o["name"] for o in metadata["outputs"]} == {"probabilities", "label"})
     batch = images(3, seed=1)
     expected = classify(app, batch)
     for binary in (True, False):
         tensor = triton.InferInput("images", list(batch.shape), "FP32")
         tensor.set_data_from_numpy(batch, binary_data=binary)
-        outputs = None if binary else [triton.InferRequestedOutput(name, binary_data=False) for name in ("label", "probabilities")]
+        outputs = (None if binary
+                   else [triton.InferRequestedOutput(name, binary_data=False) for name in ("label", "probabilities")])
         result = client.infer("vit", [tensor], outputs=outputs)
         assert result.as_numpy("label").tolist() == [p["label"] for p in expected]
         assert np.allclose(result.as_numpy("probabilities"), [p["probabilities"] for p in expected], atol=1e-6)
     pixels = np.random.default_rng(5).integers(0, 256, size=(2, 20, 20, 3), dtype=np.uint8)  # raw, channels last
     tensor = triton.InferInput("images", list(pixels.shape), "UINT8")
     tensor.set_data_from_numpy(pixels)
-    as_pixels = post(app, "/v1/models/vit/classify", json={"images": pixels.tolist(), "dtype": "uint8"}).json()["predictions"]
+    as_pixels = post(app, "/v1/models/vit/classify",
+                     json={"images": pixels.tolist(), "dtype": "uint8"}).json()["predictions"]
     assert client.infer("vit", [tensor]).as_numpy("label").tolist() == [p["label"] for p in as_pixels]
     texts = triton.InferInput("texts", [len(TEXTS)], "BYTES")
     texts.set_data_from_numpy(np.asarray(TEXTS, dtype=object))
@@ -245,10 +259,12 @@ def test_image_files_label_names_top_k_and_arrays_through_the_handle(app):
     response = post(app, "/v1/models/vit/classify", json={"images_base64": [png_base64(pixels)], "top_k": 2})
     assert response.status_code == 200, response.text
     (as_png,) = response.json()["predictions"]
-    assert as_png["label"] == as_list["label"] and np.allclose(as_png["probabilities"], as_list["probabilities"], atol=1e-5)
+    assert (as_png["label"] == as_list["label"]
+            and np.allclose(as_png["probabilities"], as_list["probabilities"], atol=1e-5))
     as_pixels = post(app, "/v1/models/vit/classify", json={"images": pixels[None].tolist(), "dtype": "uint8"})
     assert np.allclose(as_pixels.json()["predictions"][0]["probabilities"], as_png["probabilities"], atol=1e-6)
-    assert as_png["label_name"] == LABELS[as_png["label"]] and as_png["top_k"][0]["label"] == as_png["label"] and len(as_png["top_k"]) == 2
+    assert (as_png["label_name"] == LABELS[as_png["label"]] and as_png["top_k"][0]["label"] == as_png["label"]
+            and len(as_png["top_k"]) == 2)
     jpeg = io.BytesIO()
     Image.fromarray(np.full((224, 224, 3), 128, dtype=np.uint8)).save(jpeg, format="JPEG", quality=90)
     body = json.dumps({"images_base64": [base64.b64encode(jpeg.getvalue()).decode()]}).encode()

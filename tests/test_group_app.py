@@ -48,8 +48,8 @@ def cluster(tmp_path_factory):
         serve.shutdown()
         ray.shutdown()
     metrics_port = free_port()
-    ray.init(address="local", num_cpus=8, resources={TEST_DEVICE_RESOURCE: 3}, include_dashboard=False, log_to_driver=False,
-             _metrics_export_port=metrics_port)
+    ray.init(address="local", num_cpus=8, resources={TEST_DEVICE_RESOURCE: 3}, include_dashboard=False,
+             log_to_driver=False, _metrics_export_port=metrics_port)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     vit = load_vit("timm:vit_tiny_patch16_224", allow_random_init=True, num_classes=4, image_size_px=16, **TINY_VIT)
@@ -122,7 +122,8 @@ def test_polymorphing_text_in_a_group_runs_at_its_ideal_runtime_width(app):
     assert response.status_code == 200, response.text
     embedding = torch.tensor(response.json()["embeddings"][0])
     assert F.cosine_similarity(embedding, direct.embed([LONG_TEXT])[0], dim=0) >= 0.9999
-    group0 = next(g for g in requests.get(f"{app['url']}/v1/placement", timeout=60).json()["groups"] if g["group"] == "group-0")
+    group0 = next(g for g in requests.get(f"{app['url']}/v1/placement", timeout=60).json()["groups"]
+                  if g["group"] == "group-0")
     assert group0["runtime_lengths_tokens"] == {"minilm": sorted(RUNTIMES)}
     # The short texts of the test before ran at width 16 (untrimmed), the long one at 64; no other shape ran.
     widths = {int(w): n for w, n in group0["passes_by_width_tokens"]["minilm"].items()}
@@ -225,7 +226,8 @@ def test_killed_stage_actor_fails_only_its_requests_and_is_rebuilt(app):
     handle = serve.get_deployment_handle("group-0", app_name="plexserve")
     with pytest.raises(Exception, match="being rebuilt"):
         handle.classify.remote("vit", images()).result(timeout_s=120)
-    assert requests.get(f"{app['url']}/v1/placement", timeout=60).status_code == 200  # never hangs on the rebuilding group
+    # never hangs on the rebuilding group
+    assert requests.get(f"{app['url']}/v1/placement", timeout=60).status_code == 200
     # The other model of the same group never noticed.
     assert len(handle.embed_token_ids.remote("minilm", [[101, 7592, 102]]).result(timeout_s=120)) == 1
     deadline = time.monotonic() + 180
@@ -258,8 +260,8 @@ def test_group_batches_text_and_otas_vision_across_requests(cluster):
         "cluster": {"num_devices": 3, "device_resource": TEST_DEVICE_RESOURCE},
         "models": [
             {"name": "minilm", "kind": "text", "source": "package:all-minilm-l6-v2", "num_cpus_per_replica": 0.25},
-            {"name": "digits", "kind": "vision", "source": "timm:vit_tiny_patch16_224", "num_classes": 10, "image_size_px": 32,
-             "in_chans": 1, "slo_ms": 30_000, "num_cpus_per_replica": 0.25,
+            {"name": "digits", "kind": "vision", "source": "timm:vit_tiny_patch16_224", "num_classes": 10,
+             "image_size_px": 32, "in_chans": 1, "slo_ms": 30_000, "num_cpus_per_replica": 0.25,
              "policies": {"token_adaptation": {"name": "otas", "params": {"default_task": "digit"}}}},
         ],
         "placement": {"groups": [{"num_devices": 2, "config": {"intra_op_degree": 1, "pipeline_stages": 2},
@@ -271,7 +273,8 @@ def test_group_batches_text_and_otas_vision_across_requests(cluster):
     pictures = held_out.images[:CONCURRENT_CLIENTS]
 
     def classify(i: int) -> requests.Response:
-        return requests.post(f"{url}/v1/models/digits/classify", json={"images": pictures[i: i + 1].tolist()}, timeout=120)
+        return requests.post(f"{url}/v1/models/digits/classify", json={"images": pictures[i: i + 1].tolist()},
+                             timeout=120)
 
     def embed(i: int) -> requests.Response:
         return requests.post(f"{url}/v1/models/minilm/embed", json={"texts": [f"{TEXTS[i % 2]} {i}"]}, timeout=120)
@@ -279,11 +282,14 @@ def test_group_batches_text_and_otas_vision_across_requests(cluster):
     with ThreadPoolExecutor(CONCURRENT_CLIENTS) as pool:
         digits = list(pool.map(classify, range(CONCURRENT_CLIENTS)))
         texts = list(pool.map(embed, range(CONCURRENT_CLIENTS)))
-    assert all(r.status_code == 200 for r in digits + texts), [r.text for r in digits + texts if r.status_code != 200][:2]
+    assert all(r.status_code == 200 for r in digits + texts), [r.text for r in digits + texts
+                                                               if r.status_code != 200][:2]
     registry = TaskRegistry.load(DIGITS_ARTIFACTS_DIR)
     for i, response in enumerate(digits):
         prediction = response.json()["predictions"][0]
         expected = torch.softmax(registry.logits(pictures[i: i + 1], ["digit"], prediction["gamma"])[0], dim=-1)
-        assert prediction["task"] == "digit" and np.abs(np.array(prediction["probabilities"]) - expected.numpy()).max() <= 1e-4
+        assert (prediction["task"] == "digit"
+                and np.abs(np.array(prediction["probabilities"]) - expected.numpy()).max() <= 1e-4)
     info = serve.get_deployment_handle("group-0", app_name="plexserve").info.remote().result(timeout_s=60)
-    assert info["engines"]["digits"]["largest_batch"] > 1 and info["engines"]["minilm"]["largest_batch"] > 1, info["engines"]
+    assert (info["engines"]["digits"]["largest_batch"] > 1
+            and info["engines"]["minilm"]["largest_batch"] > 1), info["engines"]

@@ -142,7 +142,8 @@ def test_serve_leaf_modules_load_neither_the_app_nor_torch(module):
     loaded = modules_loaded_by([module])
     assert module in loaded  # the check sees what was imported
     heavy = {name for name in loaded if name.split(".")[0] in {"torch", "transformers", "timm"}}
-    app_modules = {name for name in loaded if name.startswith("rayserve_apps.") and name not in {module, "rayserve_apps.contracts"}}
+    app_modules = {name for name in loaded
+                   if name.startswith("rayserve_apps.") and name not in {module, "rayserve_apps.contracts"}}
     assert not heavy and not app_modules, f"{module} loads {sorted(heavy)[:5]} {sorted(app_modules)}"
 
 

@@ -63,7 +63,8 @@ def test_adaptive_vit_answers_over_http_and_handle(local_app):
     _, held_out = load_digits_splits()
     images = held_out.images[:4]
     registry = TaskRegistry.load(DIGITS_ARTIFACTS_DIR)
-    http = requests.post(f"{local_app['url']}/v1/models/digits-vit/classify", json={"images": images.tolist()}, timeout=120)
+    http = requests.post(f"{local_app['url']}/v1/models/digits-vit/classify", json={"images": images.tolist()},
+                         timeout=120)
     assert http.status_code == 200, http.text
     by_handle = local_app["handle"].classify.remote("digits-vit", np.asarray(images).tolist()).result(timeout_s=120)
     for predictions in (http.json()["predictions"], by_handle["predictions"]):

@@ -13,7 +13,8 @@ from models.text_encoder import load_text_tokenizer, resolve_text_source
 
 torch.set_num_threads(1)
 
-TEXTS = ["The quick brown fox jumps over the lazy dog.", "plexserve", "Ray Serve hosts many transformer models on one cluster."]
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "plexserve",
+         "Ray Serve hosts many transformer models on one cluster."]
 
 
 @pytest.fixture(scope="module")

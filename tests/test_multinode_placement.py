@@ -47,10 +47,12 @@ def cluster(tmp_path_factory):
 
 
 def spec_for(checkpoint: str, group_sizes: list[int]):
-    models = [{"name": f"vit-{i}", "kind": "vision", "source": "timm:vit_tiny_patch16_224", "checkpoint_path": checkpoint,
+    models = [{"name": f"vit-{i}", "kind": "vision", "source": "timm:vit_tiny_patch16_224",
+               "checkpoint_path": checkpoint,
                "num_classes": 3, "image_size_px": 16, "timm_kwargs": TINY_VIT, "num_cpus_per_replica": 0.25}
               for i in range(len(group_sizes))]
-    groups = [{"num_devices": n, "config": {"pipeline_stages": n}, "models": [f"vit-{i}"]} for i, n in enumerate(group_sizes)]
+    groups = [{"num_devices": n, "config": {"pipeline_stages": n}, "models": [f"vit-{i}"]}
+              for i, n in enumerate(group_sizes)]
     return parse_spec({"cluster": {"num_devices": sum(group_sizes), "device_resource": TEST_DEVICE_RESOURCE},
                        "models": models, "placement": {"groups": groups}})
 
@@ -73,7 +75,8 @@ def test_groups_land_on_nodes_with_their_devices(cluster):
 
 def test_placement_that_does_not_fit_is_refused_before_deploying(cluster):
     too_big = spec_for(cluster["checkpoint"], [3])  # no node has three devices
-    with pytest.raises(ValueError, match=r"placement\.groups\.0 needs 3 'plex_device' on one node.*\[2\.0, 1\.0, 0\.0\]"):
+    with pytest.raises(ValueError,
+                       match=r"placement\.groups\.0 needs 3 'plex_device' on one node.*\[2\.0, 1\.0, 0\.0\]"):
         build_app(too_big)
     two_pairs = spec_for(cluster["checkpoint"], [2, 2])  # three devices in all, but not two pairs on single nodes
     with pytest.raises(ValueError, match=r"placement\.groups\.1 needs 2"):

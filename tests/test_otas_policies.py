@@ -1,4 +1,5 @@
-"""OTAS policies: Alg. 1 batching constraints, Alg. 2 DP optimality against brute force, Alg. 3, eviction, accounting."""
+"""OTAS policies: Alg. 1 batching constraints, Alg. 2 DP optimality against brute force, Alg. 3, eviction,
+accounting."""
 
 from __future__ import annotations
 
@@ -200,7 +201,8 @@ def test_load_allocation_rules():
 
 def test_allocator_uses_load_fallback_for_short_queue_and_initial_stage():
     profile = make_profile(0)
-    allocator = OtasTokenAllocator(profile, TokenAllocationParams(gamma_list=GAMMAS, beta=2, initial_stage_s=1.0), batch_cap=8)
+    allocator = OtasTokenAllocator(profile, TokenAllocationParams(gamma_list=GAMMAS, beta=2, initial_stage_s=1.0),
+                                   batch_cap=8)
     batches = [OtasBatch([request(slo=1.0)]) for _ in range(4)]
     assert allocator.allocate(batches, 0.0, 10.0, since_start_s=0.5).method == "load"
     assert allocator.allocate(batches[:2], 0.0, 10.0, since_start_s=5.0).method == "load"
@@ -257,7 +259,8 @@ def test_simulation_accounts_every_query_and_otas_beats_fixed_plain_under_overlo
     results = {}
     for name, allocator in {"otas": OtasTokenAllocator(profile, params, batch_cap=8),
                             "fixed0": FixedGammaAllocator(profile, 0)}.items():
-        result = simulate(trace, OtasScheduler(allocator, AdaptiveBatchingParams(epsilon=8, delta_s=0.05, eta_s=0.05)), profile)
+        result = simulate(trace, OtasScheduler(allocator, AdaptiveBatchingParams(epsilon=8, delta_s=0.05, eta_s=0.05)),
+                          profile)
         assert result.ledger.total == len(trace)
         results[name] = result.ledger.utility
     assert results["otas"] > results["fixed0"]
@@ -292,7 +295,8 @@ def test_simulation_grades_with_the_given_grader_instead_of_the_profile():
         return gamma == 0
 
     for gamma in (0, -8):
-        scheduler = OtasScheduler(FixedGammaAllocator(profile, gamma), AdaptiveBatchingParams(epsilon=8, delta_s=0.05, eta_s=0.05))
+        scheduler = OtasScheduler(FixedGammaAllocator(profile, gamma),
+                                  AdaptiveBatchingParams(epsilon=8, delta_s=0.05, eta_s=0.05))
         result = simulate(trace, scheduler, profile, grade)
         counts = result.ledger.counts
         assert counts["correct" if gamma == 0 else "wrong"] == len(trace) - counts["late"] - counts["evicted"] > 0

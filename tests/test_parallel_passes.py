@@ -83,7 +83,8 @@ def _random_problem(rng: random.Random, degree: int, budget_fraction: float | No
         nodes = []
         for _ in range(rng.randint(1, 3)):
             allowed = tuple(s for s in SHARDINGS if s == "replicated" or rng.random() < 0.8)
-            nodes.append(LinearNode(name=f"n{count}", compute_s=rng.uniform(1e-4, 5e-3), follow_compute_s=rng.uniform(0, 1e-3),
+            nodes.append(LinearNode(name=f"n{count}", compute_s=rng.uniform(1e-4, 5e-3),
+                                    follow_compute_s=rng.uniform(0, 1e-3),
                                     weight_bytes=rng.randint(1_000, 100_000), bias_bytes=rng.randint(0, 1_000),
                                     output_bytes=rng.randint(1_000, 1_000_000), allowed=allowed))
             count += 1
@@ -96,7 +97,8 @@ def _random_problem(rng: random.Random, degree: int, budget_fraction: float | No
 def test_intra_op_ilp_matches_enumeration_on_random_instances():
     rng = random.Random(7)
     for _ in range(NUM_RANDOM_INSTANCES):
-        problem = _random_problem(rng, degree=rng.choice([2, 4]), budget_fraction=rng.choice([None, 0.9, 0.6, 0.4, 0.1]))
+        problem = _random_problem(rng, degree=rng.choice([2, 4]),
+                                  budget_fraction=rng.choice([None, 0.9, 0.6, 0.4, 0.1]))
         expected = enumerate_optimum(problem)
         solved = solve_intra_op(problem)
         if expected is None:

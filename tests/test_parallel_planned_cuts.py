@@ -32,7 +32,8 @@ UNEQUAL_COST_S = (1e-3, 8e-3, 1e-3, 1e-3, 1e-3, 1e-3)
 EXPECTED_PLANNED_BOUNDS = [(0, 2), (2, 6)]
 #: Synthetic stand-in communication costs (sends cheap next to the layers; collectives free).
 FREE = AlphaBeta(alpha_s=0.0, beta_s_per_byte=0.0)
-STAND_IN_COMM = CommModel(send=AlphaBeta(alpha_s=1e-6, beta_s_per_byte=1e-12), all_reduce={2: FREE}, all_gather={2: FREE})
+STAND_IN_COMM = CommModel(send=AlphaBeta(alpha_s=1e-6, beta_s_per_byte=1e-12), all_reduce={2: FREE},
+                          all_gather={2: FREE})
 PIPELINE2 = ParallelConfig(intra_op_degree=1, pipeline_stages=2)
 
 
@@ -52,7 +53,8 @@ def unequal(tmp_path_factory):
         layer.latency_s = {key: cost_s * int(key.split("x")[0]) for key in layer.latency_s}
     layers_path, profiles_path = folder / "layers.json", folder / "measured.json"
     LayerProfileSet(device="stand-in", models={"unequal-vit": profile}, comm=STAND_IN_COMM).save(layers_path)
-    assert parallel_cli(["configs", "--layers", str(layers_path), "--group-sizes", "1", "2", "--out", str(profiles_path)]) == 0
+    assert parallel_cli(["configs", "--layers", str(layers_path), "--group-sizes", "1", "2", "--out",
+                         str(profiles_path)]) == 0
     return model, profiles_path, source.checkpoint_path
 
 

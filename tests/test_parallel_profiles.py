@@ -21,8 +21,10 @@ DEGREE = 2
 #: Synthetic stand-in communication costs (the real ones come from `profile_comm` on Ray actors).
 FREE = AlphaBeta(alpha_s=0.0, beta_s_per_byte=0.0)
 COSTLY = AlphaBeta(alpha_s=1.0, beta_s_per_byte=0.0)
-STAND_IN_FREE_COMM = CommModel(send=AlphaBeta(alpha_s=1e-4, beta_s_per_byte=1e-10), all_reduce={DEGREE: FREE}, all_gather={DEGREE: FREE})
-STAND_IN_COSTLY_COMM = CommModel(send=AlphaBeta(alpha_s=1e-4, beta_s_per_byte=1e-10), all_reduce={DEGREE: COSTLY}, all_gather={DEGREE: COSTLY})
+STAND_IN_FREE_COMM = CommModel(send=AlphaBeta(alpha_s=1e-4, beta_s_per_byte=1e-10), all_reduce={DEGREE: FREE},
+                               all_gather={DEGREE: FREE})
+STAND_IN_COSTLY_COMM = CommModel(send=AlphaBeta(alpha_s=1e-4, beta_s_per_byte=1e-10), all_reduce={DEGREE: COSTLY},
+                                 all_gather={DEGREE: COSTLY})
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +93,8 @@ def test_every_planned_configuration_runs_exactly(models, comm):
         with torch.inference_mode():
             expected = run_layers(model.layers(), state).hidden
         for p in planned:
-            sharded = [s for stage in p.plan.stages for b in stage.block_shardings.values() for s in b.values() if s != "replicated"]
+            sharded = [s for stage in p.plan.stages for b in stage.block_shardings.values() for s in b.values()
+                       if s != "replicated"]
             if p.config.intra_op_degree == DEGREE:
                 # Free collectives: the ILP splits every linear; costly ones: it keeps everything whole.
                 assert bool(sharded) == (comm is STAND_IN_FREE_COMM)
@@ -156,7 +159,8 @@ def test_cli_profiles_merge_and_configs_write_a_profile_set(tmp_path, capsys):
         main(["configs", "--layers", str(layers), "--group-sizes", "2", "--out", str(tmp_path / "p.json")])
     LayerProfileSet(device="cpu", comm=STAND_IN_COSTLY_COMM).save_merged(layers)
     out = tmp_path / "measured.json"
-    assert main(["configs", "--layers", str(layers), "--group-sizes", "1", "2", "--seq-len", "tiny-bert=8", "--out", str(out)]) == 0
+    assert main(["configs", "--layers", str(layers), "--group-sizes", "1", "2", "--seq-len", "tiny-bert=8", "--out",
+                 str(out)]) == 0
     profiles = ProfileSet.load(out)
     assert [c.config.key() for c in profiles.models["tiny-bert"].configs] == ["op1-pp1", "op1-pp2", "op2-pp1"]
     assert "op1-pp2" in capsys.readouterr().out

@@ -82,7 +82,8 @@ def test_group_inside_a_serve_replica_uses_its_placement_group_bundles(ray_serve
     plan = ParallelPlan.even(len(model.layers()), pipeline_stages=2)
 
     @serve.deployment(ray_actor_options={"num_cpus": 0.25},
-                      placement_group_bundles=[{"CPU": 0.25}, {"CPU": 0.5}, {"CPU": 0.5}], placement_group_strategy="PACK")
+                      placement_group_bundles=[{"CPU": 0.25}, {"CPU": 0.5}, {"CPU": 0.5}],
+                      placement_group_strategy="PACK")
     class GroupReplica:
         def __init__(self):
             placement_group = ray.util.get_current_placement_group()

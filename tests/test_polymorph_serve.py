@@ -38,7 +38,8 @@ def test_short_requests_land_on_short_runtime_and_long_on_long(handle):
         result = handle.embed_with_runtime.remote(tokens(10)).result(timeout_s=60)
         assert result["served_by_max_length_tokens"] == SHORT_RUNTIME
         assert len(result["embeddings"][0]) == 384
-    assert handle.embed_with_runtime.remote(tokens(40)).result(timeout_s=60)["served_by_max_length_tokens"] == LONG_RUNTIME
+    assert (handle.embed_with_runtime.remote(tokens(40)).result(timeout_s=60)["served_by_max_length_tokens"]
+            == LONG_RUNTIME)
 
 
 def test_packed_replica_puts_several_short_texts_in_one_row(handle):
@@ -82,7 +83,8 @@ def test_allocation_update_keeps_in_flight_requests(handle):
 
     time.sleep(1.5)  # routing stats (period 0.5 s) carry the new runtime to the router
     for _ in range(3):
-        assert new_handle.embed_with_runtime.remote(tokens(10)).result(timeout_s=60)["served_by_max_length_tokens"] == LONG_RUNTIME
+        assert (new_handle.embed_with_runtime.remote(tokens(10)).result(timeout_s=60)["served_by_max_length_tokens"]
+                == LONG_RUNTIME)
 
 
 def _local_replica(execution: str):

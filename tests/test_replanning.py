@@ -17,12 +17,13 @@ LATENCY_S = 0.1
 SLO_S = 0.5
 
 
-PROFILES = ProfileSet(source="synthetic", device="stand-in", models={m: model_profile(m, GIB, LATENCY_S) for m in MODELS})
+PROFILES = ProfileSet(source="synthetic", device="stand-in",
+                      models={m: model_profile(m, GIB, LATENCY_S) for m in MODELS})
 
 
 def policy(min_gain: float = 0.02, **kwargs) -> ReplanPolicy:
-    return ReplanPolicy(profiles=PROFILES, num_devices=3, device_memory_bytes=16 * GIB, planner=PlannerConfig(max_group_devices=2),
-                        min_gain=min_gain, fit_window_s=20.0, **kwargs)
+    return ReplanPolicy(profiles=PROFILES, num_devices=3, device_memory_bytes=16 * GIB,
+                        planner=PlannerConfig(max_group_devices=2), min_gain=min_gain, fit_window_s=20.0, **kwargs)
 
 
 def one_per_device() -> Placement:
@@ -35,7 +36,8 @@ def poisson(rate: float, duration_s: float, seed: int) -> np.ndarray:
 
 
 def traffic(rates: dict[str, float], duration_s: float = 60.0) -> ObservedTraffic:
-    return ObservedTraffic(MODELS, [poisson(rates.get(m, 0.0), duration_s, k) for k, m in enumerate(MODELS)], duration_s, [SLO_S] * 3)
+    return ObservedTraffic(MODELS, [poisson(rates.get(m, 0.0), duration_s, k) for k, m in enumerate(MODELS)],
+                           duration_s, [SLO_S] * 3)
 
 
 def test_a_model_outgrowing_its_group_is_rehosted_on_the_running_groups():
@@ -68,7 +70,8 @@ def test_candidates_are_judged_as_deployed_with_the_models_alg1_left_out():
 
         for candidate in decision.candidates:
             assert candidate.placement.models() == set(MODELS)
-            assert candidate.in_sample_attainment == pytest.approx(attainment(candidate, planning), abs=1e-12), (rates, candidate.name)
+            assert (candidate.in_sample_attainment
+                    == pytest.approx(attainment(candidate, planning), abs=1e-12)), (rates, candidate.name)
             # Judged on resamples it was not made on: the mean over the held-out seeds.
             held = np.mean([attainment(candidate, w) for w in held_out])
             assert candidate.predicted_attainment == pytest.approx(held, abs=1e-12), (rates, candidate.name)
@@ -103,7 +106,8 @@ def test_an_in_sample_switch_is_kept_when_held_out_resamples_do_not_confirm_it()
     replan = ReplanPolicy(profiles=PROFILES, num_devices=3, device_memory_bytes=int(2.2 * GIB),  # two models per device
                           planner=PlannerConfig(max_group_devices=1), min_gain=0.02, fit_window_s=20.0, transition=None)
     duration_s, rate, cv = 20.0, 7.0, 3.0
-    observed = ObservedTraffic(MODELS, [gamma_arrivals(rate, cv, duration_s, k) for k in range(3)], duration_s, [SLO_S] * 3)
+    observed = ObservedTraffic(MODELS, [gamma_arrivals(rate, cv, duration_s, k) for k in range(3)], duration_s,
+                               [SLO_S] * 3)
     decision = replan.decide(ring, observed)
     keep, local = decision.candidate("keep"), decision.candidate("local")
     assert local.in_sample_attainment - keep.in_sample_attainment >= replan.min_gain  # in-sample, a move pays

@@ -55,8 +55,10 @@ def test_requests_that_arrive_while_nothing_serves_them_are_missed_and_loading_s
     transition = TransitionModel(step_overhead_s=0.0, load_bandwidth_bytes_per_s=GIB / 10, loading_slowdown=3.0)
     spans, _ = rollout_timeline(current, target, profiles(), 2, transition, horizon_s=20.0)
     c_requests = Workload(["a", "b", "c"], np.array([1.0, 5.0, 15.0]), np.array([2, 2, 2]), np.full(3, 0.5))
-    assert attainment_through(spans, profiles(), c_requests, SimulatorConfig()) == pytest.approx(1 / 3)  # only the one after t=10
-    a_request = Workload(["a", "b", "c"], np.array([1.0]), np.array([0]), np.array([0.25]))  # 0.1 s, 0.3 s while loading
+    # only the one after t=10
+    assert attainment_through(spans, profiles(), c_requests, SimulatorConfig()) == pytest.approx(1 / 3)
+    # 0.1 s, 0.3 s while loading
+    a_request = Workload(["a", "b", "c"], np.array([1.0]), np.array([0]), np.array([0.25]))
     assert attainment_through(spans, profiles(), a_request, SimulatorConfig()) == 1.0
     slowed = scaled_profiles(profiles(), transition.loading_slowdown)
     assert attainment_through(spans, profiles(), a_request, SimulatorConfig(), loading_profiles=slowed) == 0.0
@@ -73,7 +75,8 @@ def test_local_moves_keep_every_model_hosted_and_fit_memory():
         placement.check_memory(profiles(), int(2.5 * GIB))
     replicated = Placement(groups=[group("a", "b"), group("a", "c")])
     moves = dict(neighbours(replicated, ["a", "b", "c"], profiles(), device_memory_bytes=int(2.5 * GIB)))
-    assert "remove a from group 0" in moves and "swap a for c in group 0" in moves and "remove b from group 0" not in moves
+    assert ("remove a from group 0" in moves and "swap a for c in group 0" in moves
+            and "remove b from group 0" not in moves)
 
 
 def test_two_window_rate_test_flags_a_shift_and_not_steady_poisson_traffic():
@@ -84,10 +87,13 @@ def test_two_window_rate_test_flags_a_shift_and_not_steady_poisson_traffic():
     steady = np.sort(rng.uniform(0, 20, 200))  # b: 10/s throughout
     a_before = np.sort(rng.uniform(0, 10, 20))  # a: 2/s, then 12/s
     a_after = np.sort(rng.uniform(10, 20, 120))
-    window.add([RequestRecord("b", float(t), "ok") for t in steady] + [RequestRecord("a", float(t), "ok") for t in [*a_before, *a_after]])
-    shifts = detect_rate_shifts(window, 20.0, ["a", "b", "c"], window_s=10.0, z_threshold=4.0, min_ratio=1.5, min_requests=20)
+    window.add([RequestRecord("b", float(t), "ok") for t in steady]
+               + [RequestRecord("a", float(t), "ok") for t in [*a_before, *a_after]])
+    shifts = detect_rate_shifts(window, 20.0, ["a", "b", "c"], window_s=10.0, z_threshold=4.0, min_ratio=1.5,
+                                min_requests=20)
     assert [s.model for s in shifts] == ["a"]
-    assert shifts[0].before_per_s == pytest.approx(2.0) and shifts[0].after_per_s == pytest.approx(12.0) and shifts[0].z > 4
+    assert (shifts[0].before_per_s == pytest.approx(2.0) and shifts[0].after_per_s == pytest.approx(12.0)
+            and shifts[0].z > 4)
     # Too few requests: no judgement.
     assert detect_rate_shifts(window, 20.0, ["a"], 10.0, 4.0, 1.5, min_requests=1000) == []
     with pytest.raises(ValueError, match="window_s"):

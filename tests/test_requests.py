@@ -17,7 +17,8 @@ from rayserve_apps.requests import (
 
 SPEC = parse_spec({"models": [
     {"name": "minilm", "kind": "text", "source": "package:all-minilm-l6-v2"},
-    {"name": "vit", "kind": "vision", "source": "timm:vit_tiny_patch16_224", "checkpoint_path": "x.pt", "num_classes": 3, "image_size_px": 16},
+    {"name": "vit", "kind": "vision", "source": "timm:vit_tiny_patch16_224", "checkpoint_path": "x.pt",
+     "num_classes": 3, "image_size_px": 16},
 ]})
 CONTRACT = ImageContract(3, 16, 16)
 
@@ -62,8 +63,10 @@ def test_images_shape_dtype_and_values():
     assert error_of(check_images, {"images": np.zeros((2, 1, 16, 16)).tolist()}, CONTRACT, 8).field == "images"
     assert error_of(check_images, {"images": [[[[1.0]]], [[[1.0, 2.0]]]]}, CONTRACT, 8).error_type == "invalid_shape"
     assert error_of(check_images, {"images": good, "dtype": "float16"}, CONTRACT, 8).field == "dtype"
-    assert error_of(check_images, {"images": [[[["a"] * 16] * 16] * 3]}, CONTRACT, 8).error_type in {"invalid_dtype", "invalid_shape"}
-    assert error_of(check_images, {"images": np.full((1, 3, 16, 16), 300).tolist(), "dtype": "uint8"}, CONTRACT, 8).field == "images"
+    assert error_of(check_images, {"images": [[[["a"] * 16] * 16] * 3]}, CONTRACT,
+                    8).error_type in {"invalid_dtype", "invalid_shape"}
+    assert error_of(check_images, {"images": np.full((1, 3, 16, 16), 300).tolist(), "dtype": "uint8"}, CONTRACT,
+                    8).field == "images"
     scaled = check_images({"images": np.full((1, 3, 16, 16), 255).tolist(), "dtype": "uint8"}, CONTRACT, 8)
     assert np.allclose(scaled, 1.0)
 
@@ -77,7 +80,9 @@ def test_request_error_survives_pickling():
 
 
 def test_query_options_are_checked():
-    assert check_query_options({"images": [], "task": "parity", "slo_ms": 50, "utility": 0}) == {"task": "parity", "slo_ms": 50, "utility": 0}
+    assert (check_query_options({"images": [], "task": "parity", "slo_ms": 50, "utility": 0})
+            == {"task": "parity", "slo_ms": 50, "utility": 0})
     assert check_query_options({"images": []}) == {}
-    for bad, field in (({"task": 3}, "task"), ({"slo_ms": 0}, "slo_ms"), ({"slo_ms": "fast"}, "slo_ms"), ({"utility": -1}, "utility")):
+    for bad, field in (({"task": 3}, "task"), ({"slo_ms": 0}, "slo_ms"), ({"slo_ms": "fast"}, "slo_ms"),
+                       ({"utility": -1}, "utility")):
         assert error_of(check_query_options, bad).field == field

@@ -9,7 +9,8 @@ from placement.core.profiles import ParallelConfig
 
 def group(devices: int, models: list[str], stages: int | None = None) -> GroupPlacement:
     stages = devices if stages is None else stages
-    return GroupPlacement(num_devices=devices, config=ParallelConfig(intra_op_degree=devices // stages, pipeline_stages=stages),
+    return GroupPlacement(num_devices=devices,
+                          config=ParallelConfig(intra_op_degree=devices // stages, pipeline_stages=stages),
                           models=models)
 
 

@@ -22,7 +22,8 @@ def random_case(rng: np.random.Generator):
     base = rng.uniform(0.001, 0.003)
     batch = int(rng.integers(1, 3))
     runtimes = [RuntimeProfile(max_length_tokens=length,
-                               batch_latency_s={1: base * (1 + k), 2: base * (1 + k) * 1.6}, max_batch_size=batch, slo_s=0.03)
+                               batch_latency_s={1: base * (1 + k), 2: base * (1 + k) * 1.6}, max_batch_size=batch,
+                               slo_s=0.03)
                 for k, length in enumerate(lengths)]
     profiles = RuntimeProfileSet(model="synthetic", source="synthetic test case", runtimes=runtimes)
     requests = [float(x) for x in rng.uniform(0, 30, count)]

@@ -9,7 +9,8 @@ from rayserve_apps.control.runtime_allocations import RuntimeAllocations
 
 SHORT, LONG = 16, 64
 PERIOD_S = 10.0
-ARLO = {"polymorphing": {"name": "arlo", "params": {"capacities": {SHORT: 2, LONG: 8}, "allocation_period_s": PERIOD_S}}}
+ARLO = {"polymorphing": {"name": "arlo",
+                         "params": {"capacities": {SHORT: 2, LONG: 8}, "allocation_period_s": PERIOD_S}}}
 
 
 def spec(**extra):
@@ -19,7 +20,8 @@ def spec(**extra):
 
 
 def long_requests(count: int, model: str = "poly", tokens: int = 40) -> list[RequestRecord]:
-    return [RequestRecord(model, arrival_s=k * PERIOD_S / count, outcome="ok", input_tokens=tokens) for k in range(count)]
+    return [RequestRecord(model, arrival_s=k * PERIOD_S / count, outcome="ok", input_tokens=tokens)
+            for k in range(count)]
 
 
 def test_only_polymorphing_models_outside_groups_are_allocated():
@@ -73,7 +75,8 @@ def autoscaled_spec(**autoscaling):
 
 
 def answered(latency_ms: float, count: int = 50, model: str = "poly") -> list[RequestRecord]:
-    return [RequestRecord(model, arrival_s=0.0, outcome="ok", latency_ms=latency_ms, input_tokens=40) for _ in range(count)]
+    return [RequestRecord(model, arrival_s=0.0, outcome="ok", latency_ms=latency_ms, input_tokens=40)
+            for _ in range(count)]
 
 
 def test_target_tracking_adds_a_longest_replica_at_95_percent_and_releases_one_after_a_low_period():

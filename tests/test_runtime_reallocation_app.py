@@ -105,8 +105,8 @@ def test_long_traffic_moves_the_short_replica_to_the_long_runtime_without_failur
     served = set()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        served = {app["model"].embed_with_runtime.remote([[101, 2000, 102]]).result(timeout_s=60)["served_by_max_length_tokens"]
-                  for _ in range(4)}
+        served = {app["model"].embed_with_runtime.remote([[101, 2000, 102]])
+                  .result(timeout_s=60)["served_by_max_length_tokens"] for _ in range(4)}
         if served == {LONG}:
             break
         time.sleep(1)

@@ -28,8 +28,8 @@ def app(ray_serve, tmp_path_factory):
     spec = {
         "models": [
             {"name": "minilm", "kind": "text", "source": "package:all-minilm-l6-v2", "num_cpus_per_replica": 0.5},
-            {"name": "minilm-short", "kind": "text", "source": "package:all-minilm-l6-v2", "max_input_length_tokens": 16,
-             "on_too_long": "truncate", "num_cpus_per_replica": 0.5},
+            {"name": "minilm-short", "kind": "text", "source": "package:all-minilm-l6-v2",
+             "max_input_length_tokens": 16, "on_too_long": "truncate", "num_cpus_per_replica": 0.5},
             {"name": "vit", "kind": "vision", "source": VIT_ARCH, "checkpoint_path": str(checkpoint),
              "num_cpus_per_replica": 0.5, "timm_kwargs": TINY_VIT, **VIT_KWARGS},
         ],
@@ -105,7 +105,8 @@ BAD_REQUESTS = [
     ("/v1/models/minilm/embed", {"json": {"texts": ["a"] * 9}}, 413, "too_many_items"),
     ("/v1/models/vit/classify", {"json": {"images": np.zeros((1, 1, 16, 16)).tolist()}}, 422, "invalid_shape"),
     ("/v1/models/vit/classify", {"json": {"images": [[[["a"] * 16] * 16] * 3]}}, 422, "invalid_dtype"),
-    ("/v1/models/vit/classify", {"json": {"images": np.zeros((1, 3, 16, 16)).tolist(), "dtype": "float64"}}, 422, "invalid_dtype"),
+    ("/v1/models/vit/classify", {"json": {"images": np.zeros((1, 3, 16, 16)).tolist(), "dtype": "float64"}}, 422,
+     "invalid_dtype"),
 ]
 
 

@@ -59,8 +59,10 @@ def test_md1_mean_latency_matches_closed_form():
 def test_pipeline_mean_latency_matches_alpaserve_formula():
     """AlpaServe §3.4: two models on a 2-stage pipeline, W = D_s + lambda D_m^2 / (2 (1 - lambda D_m))."""
     single, total_rate = 0.2, 7.0  # D_s = 0.2, D_m = 0.1, utilisation of the pipeline 0.7
-    workload = poisson_workload(["a", "b"], [total_rate * 0.3, total_rate * 0.7], duration_s=100_000 / total_rate, seed=4)
-    placement = Placement(groups=[GroupPlacement(num_devices=2, config=ParallelConfig(pipeline_stages=2), models=["a", "b"])])
+    workload = poisson_workload(["a", "b"], [total_rate * 0.3, total_rate * 0.7], duration_s=100_000 / total_rate,
+                                seed=4)
+    placement = Placement(groups=[GroupPlacement(num_devices=2, config=ParallelConfig(pipeline_stages=2),
+                                                 models=["a", "b"])])
     result = simulate(placement, profiles({"a": single, "b": single}), workload, no_admission())
     latency = result.finish_s - workload.arrival_s
     d_m = single / 2
@@ -139,9 +141,11 @@ def test_without_admission_late_requests_are_not_attained():
 @pytest.mark.parametrize("batching", [None, MaxBatchWithinSLO(3)])
 def test_compiled_kernel_matches_reference_loop(dispatch, batching):
     placement, profs, workload = two_group_case(duration_s=60.0, seed=2)
-    config = SimulatorConfig(dispatch=dispatch(), batching=batching, request_overhead_s=0.002, response_overhead_s=0.001)
+    config = SimulatorConfig(dispatch=dispatch(), batching=batching, request_overhead_s=0.002,
+                             response_overhead_s=0.001)
     fast = simulate(placement, profs, workload, config)
-    config = SimulatorConfig(dispatch=dispatch(), batching=batching, request_overhead_s=0.002, response_overhead_s=0.001)
+    config = SimulatorConfig(dispatch=dispatch(), batching=batching, request_overhead_s=0.002,
+                             response_overhead_s=0.001)
     slow = simulate(placement, profs, workload, config, reference=True)
     for field in ("start_s", "finish_s"):
         np.testing.assert_array_equal(getattr(fast, field), getattr(slow, field))

@@ -98,8 +98,10 @@ def test_das_prefers_utility_over_fcfs():
 
 
 def test_slotted_das_slot_size_from_utility_dominant_set():
-    queue = [TextRequest(i, length, arrival_s=0.0, deadline_s=5.0) for i, length in enumerate([5, 6, 7, 20, 30, 40] * 6)]
-    scheduler = make_batch_scheduler("slotted_das", {"row_length_tokens": 64, "num_rows": 2, "slot_granularity_tokens": 4})
+    queue = [TextRequest(i, length, arrival_s=0.0, deadline_s=5.0)
+             for i, length in enumerate([5, 6, 7, 20, 30, 40] * 6)]
+    scheduler = make_batch_scheduler("slotted_das",
+                                     {"row_length_tokens": 64, "num_rows": 2, "slot_granularity_tokens": 4})
     decision = scheduler.form_batch(0.0, queue)
     dominant = das_rows(queue, 2, 64, 0.5, 0.5).utility_dominant
     longest = max(r.length_tokens for group in dominant for r in group)
@@ -156,7 +158,8 @@ def test_replay_accounts_for_every_request():
 
 def test_slotted_das_backfill_fills_slot_room():
     """Rows that DAS filled for L tokens leave room once cut into slots; backfill gives it to waiting requests."""
-    queue = [TextRequest(i, length, arrival_s=0.0, deadline_s=5.0) for i, length in enumerate([6, 6, 7, 7, 9, 9, 10, 10] * 4)]
+    queue = [TextRequest(i, length, arrival_s=0.0, deadline_s=5.0)
+             for i, length in enumerate([6, 6, 7, 7, 9, 9, 10, 10] * 4)]
     base = {"row_length_tokens": 32, "num_rows": 2, "slot_granularity_tokens": 4}
     plain = make_batch_scheduler("slotted_das", {**base, "backfill_slots": False}).form_batch(0.0, queue)
     filled = make_batch_scheduler("slotted_das", {**base, "backfill_slots": True}).form_batch(0.0, queue)
@@ -182,5 +185,6 @@ def test_paper_slotted_das_keeps_the_unrounded_slot_size_and_leaves_slot_room_em
     assert all(sum(r.length_tokens for r in slot) <= 5 for slot in decision.slots)
     in_rows = {r.request_id for row in dominant.rows for r in row}
     assert {r.request_id for r in decision.requests} <= in_rows
-    default = make_batch_scheduler("slotted_das", BatchingParams(row_length_tokens=32, num_rows=2)).form_batch(0.0, queue)
+    default = make_batch_scheduler("slotted_das",
+                                   BatchingParams(row_length_tokens=32, num_rows=2)).form_batch(0.0, queue)
     assert default.slot_size_tokens == 8

@@ -65,7 +65,8 @@ def test_maf2021_parse_fit_scale_resample(tmp_path):
     assert fitted.rates[1].mean() == pytest.approx(2.0, rel=0.1)
     assert fitted.cvs[0].mean() == pytest.approx(3.0, rel=0.25)
     assert fitted.cvs[1].mean() == pytest.approx(0.5, rel=0.2)
-    workload = trace_workload(trace, ["bursty", "steady"], [1.0, 2.0], window_s=1000, rate_scale=2.0, cv_scale=1.0, seed=3)
+    workload = trace_workload(trace, ["bursty", "steady"], [1.0, 2.0], window_s=1000, rate_scale=2.0, cv_scale=1.0,
+                              seed=3)
     rates = workload.rates()
     assert rates[0] == pytest.approx(10.0, rel=0.2) and rates[1] == pytest.approx(4.0, rel=0.15)
     assert np.all(workload.slo_s[workload.model == 1] == 2.0)

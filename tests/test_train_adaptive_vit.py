@@ -92,7 +92,8 @@ def test_register_checks_heads_and_prompts(registry, images):
     with pytest.raises(ValueError, match="must map"):
         registry.register(TaskModel("new", 10, {0: nn.Linear(dim + 1, 10)}))
     with pytest.raises(ValueError, match="prompts for count 2 must have shape"):
-        registry.register(TaskModel("new", 3, {0: nn.Linear(dim, 3), 2: nn.Linear(dim, 3)}, {2: torch.zeros(depth, 3, dim)}))
+        registry.register(TaskModel("new", 3, {0: nn.Linear(dim, 3), 2: nn.Linear(dim, 3)},
+                                    {2: torch.zeros(depth, 3, dim)}))
     registry.register(TaskModel("no_prompts", 3, {0: nn.Linear(dim, 3)}))
     assert registry.supported_gammas(["no_prompts"]) == [g for g in registry.gamma_list if g <= 0]
     with pytest.raises(ValueError, match="has no prompts for gamma=2"):
@@ -132,7 +133,8 @@ def test_otas_executor_answers_every_image_at_a_planned_gamma(registry, executor
     executor = OtasExecutor(registry, profile, params, default_slo_ms=60_000)
 
     async def scenario():
-        return await asyncio.gather(executor.classify(images[:3]), executor.classify(images[3:5], "parity", utility=0.3))
+        return await asyncio.gather(executor.classify(images[:3]),
+                                    executor.classify(images[3:5], "parity", utility=0.3))
 
     digits, parity = asyncio.run(scenario())
     assert [a["task"] for a in digits] == ["digit"] * 3 and [a["task"] for a in parity] == ["parity"] * 2
@@ -172,22 +174,24 @@ def test_vision_replica_runs_otas_on_the_trained_digits_model(ray_serve):
     from rayserve_apps.contracts import APP_NAME
 
     spec = {"models": [{
-        "name": "digits", "kind": "vision", "source": "timm:vit_tiny_patch16_224", "num_classes": 10, "image_size_px": 32,
-        "in_chans": 1, "slo_ms": 30_000, "num_cpus_per_replica": 0.5,
+        "name": "digits", "kind": "vision", "source": "timm:vit_tiny_patch16_224", "num_classes": 10,
+        "image_size_px": 32, "in_chans": 1, "slo_ms": 30_000, "num_cpus_per_replica": 0.5,
         "policies": {"token_adaptation": {"name": "otas", "params": {"default_task": "digit"}}},
     }]}
     serve.run(build_app(spec), name=APP_NAME, route_prefix="/", blocking=False)
     try:
         _, held_out = load_digits_splits()
         images = held_out.images[:4]
-        response = requests.post(f"{ray_serve}/v1/models/digits/classify", json={"images": images.tolist()}, timeout=120)
+        response = requests.post(f"{ray_serve}/v1/models/digits/classify", json={"images": images.tolist()},
+                                 timeout=120)
         assert response.status_code == 200, response.text
         predictions = response.json()["predictions"]
         registry = TaskRegistry.load(DIGITS_ARTIFACTS_DIR)
         for prediction, image in zip(predictions, images):
             assert prediction["task"] == "digit" and prediction["gamma"] in registry.gamma_list
             assert prediction["label"] == registry.predict(image[None], ["digit"], prediction["gamma"])[0]
-        bad = requests.post(f"{ray_serve}/v1/models/digits/classify", json={"images": torch.zeros(1, 3, 32, 32).tolist()}, timeout=60)
+        bad = requests.post(f"{ray_serve}/v1/models/digits/classify",
+                            json={"images": torch.zeros(1, 3, 32, 32).tolist()}, timeout=60)
         assert bad.status_code == 422
     finally:
         serve.delete(APP_NAME)
@@ -210,7 +214,8 @@ def test_otas_executor_gamma_follows_the_load():
 
     async def scenario():
         lone = [await executor.classify(pictures[i: i + 1], utility=LOW_UTILITY) for i in range(3)]
-        burst = await asyncio.gather(*(executor.classify(pictures[i: i + 1], utility=LOW_UTILITY) for i in range(BURST_QUERIES)),
+        burst = await asyncio.gather(*(executor.classify(pictures[i: i + 1], utility=LOW_UTILITY)
+                                       for i in range(BURST_QUERIES)),
                                      return_exceptions=True)
         return lone, burst
 

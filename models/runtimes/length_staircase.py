@@ -46,7 +46,8 @@ def measure_staircase(encoder: TextEncoder, lengths_tokens: Sequence[int], batch
 def measure_runtime_latencies(encoder: TextEncoder, max_length_tokens: int, batch_sizes: Sequence[int],
                               backend: StaticBackend = "trace", repeats: int = 5,
                               clock=time.perf_counter) -> dict[int, float]:
-    """Batch size -> seconds (minimum of `repeats`) of the runtime at `max_length_tokens`, one runtime per batch size."""
+    """Batch size -> seconds (minimum of `repeats`) of the runtime at `max_length_tokens`, one runtime per batch
+    size."""
     result = {}
     for batch in batch_sizes:
         runtime = StaticRuntime(encoder, max_length_tokens, int(batch), backend=backend)

@@ -53,8 +53,10 @@ class PooledEncoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(encoder.layers())
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
-        state = ActivationState(hidden=input_ids, attention_mask=attention_mask, extras={"token_type_ids": token_type_ids})
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor) -> torch.Tensor:
+        state = ActivationState(hidden=input_ids, attention_mask=attention_mask,
+                                extras={"token_type_ids": token_type_ids})
         return run_layers(list(self.layers), state).hidden
 
 
@@ -101,7 +103,8 @@ def compile_static(module: nn.Module, example_args: tuple, backend: StaticBacken
 def _check_static_shape(encoder: TextEncoder, max_length_tokens: int, rows_name: str, rows: int, backend: str) -> None:
     """ValueError naming the parameter when a static shape [rows, max_length_tokens] or its backend is invalid."""
     if max_length_tokens < 1 or max_length_tokens > encoder.max_length:
-        raise ValueError(f"max_length_tokens must be in [1, {encoder.max_length}] (the model's limit), got {max_length_tokens}")
+        raise ValueError(f"max_length_tokens must be in [1, {encoder.max_length}] (the model's limit), got "
+                         f"{max_length_tokens}")
     if rows < 1:
         raise ValueError(f"{rows_name} must be >= 1, got {rows}")
     if backend not in STATIC_BACKENDS:
@@ -111,7 +114,8 @@ def _check_static_shape(encoder: TextEncoder, max_length_tokens: int, rows_name:
 class StaticRuntime:
     """The encoder at one fixed shape [batch_size, max_length_tokens]."""
 
-    def __init__(self, encoder: TextEncoder, max_length_tokens: int, batch_size: int = 1, backend: StaticBackend = "trace"):
+    def __init__(self, encoder: TextEncoder, max_length_tokens: int, batch_size: int = 1,
+                 backend: StaticBackend = "trace"):
         _check_static_shape(encoder, max_length_tokens, "batch_size", batch_size, backend)
         self.encoder = encoder
         self.max_length_tokens = max_length_tokens
@@ -124,7 +128,8 @@ class StaticRuntime:
         started = time.perf_counter()
         self._fn = compile_static(module, args, backend)
         self.build_s = time.perf_counter() - started
-        logger.info("static runtime L=%d b=%d (%s) built in %.1fs", max_length_tokens, batch_size, backend, self.build_s)
+        logger.info("static runtime L=%d b=%d (%s) built in %.1fs", max_length_tokens, batch_size, backend,
+                    self.build_s)
 
     @torch.inference_mode()
     def run_tokens(self, token_ids: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -214,7 +219,8 @@ class PackedStaticRuntime:
         started = time.perf_counter()
         self._fn = compile_static(module, args, backend)
         self.build_s = time.perf_counter() - started
-        logger.info("packed static runtime L=%d rows=%d (%s) built in %.1fs", max_length_tokens, rows, backend, self.build_s)
+        logger.info("packed static runtime L=%d rows=%d (%s) built in %.1fs", max_length_tokens, rows, backend,
+                    self.build_s)
 
     def plan(self, lengths: Sequence[int]) -> list[list[list[int]]]:
         """Request indices per row, rows grouped into forward passes of at most `rows` rows (first-fit-decreasing)."""
@@ -262,7 +268,8 @@ class DynamicRuntime:
     def run_tokens(self, token_ids: Sequence[Sequence[int]]) -> torch.Tensor:
         longest = max(len(ids) for ids in token_ids)
         if longest > self.encoder.max_length:
-            raise ValueError(f"request of {longest} tokens exceeds the model's max length {self.encoder.max_length} tokens")
+            raise ValueError(f"request of {longest} tokens exceeds the model's max length {self.encoder.max_length} "
+                             "tokens")
         batch = pad_token_batch(token_ids, longest, len(token_ids), self.pad_id)
         return self._fn(batch.input_ids, batch.attention_mask, batch.token_type_ids)
 

@@ -69,9 +69,11 @@ def replan_policy(spec: DeploymentSpec, base_dir: str | Path = ".") -> ReplanPol
     model_names(plan_spec, profiles)  # every placed model has a profile, or a ValueError names those without
     settings = spec.controller
     groups = len(spec.placement.groups) if spec.placement is not None else 0
-    return ReplanPolicy(profiles=profiles, num_devices=spec.cluster.num_devices, device_memory_bytes=spec.cluster.device_memory_bytes,
-                        planner=planner_config(plan_spec), min_gain=settings.min_gain, fit_window_s=settings.fit_window_s,
-                        held_out_resamples=settings.held_out_resamples, horizon_s=settings.horizon_periods * settings.period_s,
+    return ReplanPolicy(profiles=profiles, num_devices=spec.cluster.num_devices,
+                        device_memory_bytes=spec.cluster.device_memory_bytes,
+                        planner=planner_config(plan_spec), min_gain=settings.min_gain,
+                        fit_window_s=settings.fit_window_s, held_out_resamples=settings.held_out_resamples,
+                        horizon_s=settings.horizon_periods * settings.period_s,
                         transition=settings.transition if settings.price_transitions else None,
                         num_slots=max(groups, settings.group_slots or spec.cluster.num_devices),
                         max_changes_per_step=settings.max_changes_per_step)

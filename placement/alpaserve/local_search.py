@@ -47,7 +47,8 @@ def neighbours(current: Placement, model_names: Sequence[str], profiles: Profile
                 yield f"add {m} to group {i}", Placement(groups=_with(groups, {i: [*group.models, m]}))
         for x in group.models:
             if hosted_elsewhere(x, i):
-                yield f"remove {x} from group {i}", Placement(groups=_with(groups, {i: [m for m in group.models if m != x]}))
+                yield f"remove {x} from group {i}", Placement(groups=_with(groups,
+                                                                           {i: [m for m in group.models if m != x]}))
             for y in absent:
                 swapped = [y if m == x else m for m in group.models]
                 if hosted_elsewhere(x, i) and fits(group, swapped):

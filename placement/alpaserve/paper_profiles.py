@@ -135,15 +135,7 @@ def table1_model_set(set_name: str, overhead: OverheadModel | None = None) -> Pa
     """Profiles for model set S1-S4 of Table 1: instances named '<model>-<i>' (e.g. 'bert-1.3b-0')."""
     if set_name not in TABLE1_MODEL_SETS:
         raise ValueError(f"model set {set_name!r}: choose one of {sorted(TABLE1_MODEL_SETS)}")
-    base = table1_profiles(overhead)
-    models: dict[str, ModelProfile] = {}
-    instance_of: dict[str, str] = {}
-    for model, count in TABLE1_MODEL_SETS[set_name].items():
-        for i in range(count):
-            instance = f"{model}-{i}"
-            models[instance] = base.models[model].model_copy(update={"name": instance})
-            instance_of[instance] = model
-    return PaperModelSet(profiles=ProfileSet(source=base.source, device=base.device, models=models), instance_of=instance_of)
+    return replicate_profiles(table1_profiles(overhead), TABLE1_MODEL_SETS[set_name])
 
 
 def replicate_profiles(profiles: ProfileSet, counts: dict[str, int]) -> PaperModelSet:

@@ -34,7 +34,8 @@ class SlotLayout(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    slots: list[GroupPlacement | None] = Field(description="Per slot (deployment `group-<i>`): its group, or null when empty.")
+    slots: list[GroupPlacement | None] = Field(description="Per slot (deployment `group-<i>`): its group, or null when "
+                                                           "empty.")
 
     @classmethod
     def from_placement(cls, placement: Placement | None, num_slots: int) -> "SlotLayout":
@@ -64,7 +65,8 @@ class SlotChange:
     after: GroupPlacement | None
 
     def to_json(self) -> dict:
-        describe = lambda g: None if g is None else {"num_devices": g.num_devices, "config": g.config.key(), "models": sorted(g.models)}  # noqa: E731
+        describe = (lambda g: None if g is None  # noqa: E731
+                    else {"num_devices": g.num_devices, "config": g.config.key(), "models": sorted(g.models)})
         return {"slot": self.slot, "kind": self.kind, "before": describe(self.before), "after": describe(self.after)}
 
 
@@ -102,7 +104,8 @@ def match_slots(current: SlotLayout, target: Placement) -> tuple[dict[int, Group
     matched: dict[int, GroupPlacement] = {}
     rest: list[GroupPlacement] = []
     for group in target.groups:
-        same = next((i for i, g in free_slots.items() if _same_shape(g, group) and sorted(g.models) == sorted(group.models)), None)
+        same = next((i for i, g in free_slots.items()
+                     if _same_shape(g, group) and sorted(g.models) == sorted(group.models)), None)
         if same is None:
             rest.append(group)
         else:
@@ -127,7 +130,8 @@ def plan_rollout(current: SlotLayout, target: Placement, total_devices: int, max
     if target.num_devices > total_devices:
         raise ValueError(f"target placement uses {target.num_devices} devices; the cluster has {total_devices}")
     if len(target.groups) > len(current.slots):
-        raise ValueError(f"target placement has {len(target.groups)} groups; the application has {len(current.slots)} group slots")
+        raise ValueError(f"target placement has {len(target.groups)} groups; the application has {len(current.slots)} "
+                         "group slots")
     matched, to_start = match_slots(current, target)
     rehosts = [SlotChange(i, "rehost", current.slots[i], group) for i, group in sorted(matched.items())
                if sorted(group.models) != sorted(current.slots[i].models)]  # type: ignore[union-attr]
@@ -162,7 +166,8 @@ def plan_rollout(current: SlotLayout, target: Placement, total_devices: int, max
             # Break before make only when needed: stop the group whose models the other running groups host most.
             hosted_elsewhere = lambda i: sum(any(m in g.models for j, g in enumerate(slots) if g is not None and j != i)  # noqa: E731
                                              for m in slots[i].models)  # type: ignore[union-attr]
-            order = sorted(to_stop, key=lambda i: (-(hosted_elsewhere(i) == len(slots[i].models)), -slots[i].num_devices, i))  # type: ignore[union-attr]
+            order = sorted(to_stop,
+                           key=lambda i: (-(hosted_elsewhere(i) == len(slots[i].models)), -slots[i].num_devices, i))  # type: ignore[union-attr]
             for i in order[:max_changes_per_step]:
                 freed = free_devices + slots[i].num_devices  # type: ignore[union-attr]
                 fits = next((g for g in pending if g.num_devices <= freed), None)

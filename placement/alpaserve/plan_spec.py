@@ -32,9 +32,11 @@ class ProfilesSpec(_Strict):
 
     path: str | None = Field(default=None, description="A ProfileSet JSON file (e.g. measured by parallel/).")
     paper_model_set: Literal["S1", "S2", "S3", "S4"] | None = Field(
-        default=None, description="AlpaServe Table 1 model set; instances are named '<model>-<i>' (reproduction profiles).")
+        default=None,
+        description="AlpaServe Table 1 model set; instances are named '<model>-<i>' (reproduction profiles).")
     paper_models: dict[str, int] | None = Field(
-        default=None, description="Instances of AlpaServe Table 1 models, e.g. {'bert-1.3b': 4} (reproduction profiles).")
+        default=None,
+        description="Instances of AlpaServe Table 1 models, e.g. {'bert-1.3b': 4} (reproduction profiles).")
 
     @model_validator(mode="after")
     def _one_source(self) -> "ProfilesSpec":
@@ -60,7 +62,8 @@ class WorkloadSpec(_Strict):
     """The traffic the planner optimises for (AlpaServe §6.2: Gamma processes, or a trace fitted and resampled)."""
 
     kind: Literal["poisson", "gamma", "trace"] = Field(default="gamma", description="Arrival process or trace replay.")
-    total_rate_per_s: float = Field(default=10.0, gt=0, description="Requests per second over all models (poisson/gamma).")
+    total_rate_per_s: float = Field(default=10.0, gt=0,
+                                    description="Requests per second over all models (poisson/gamma).")
     cv: float = Field(default=1.0, gt=0, description="Coefficient of variation of inter-arrival times (gamma).")
     popularity_exponent: float | None = Field(
         default=None, ge=0, description="Power-law exponent splitting the rate over models; null: uniform.")
@@ -82,21 +85,27 @@ class WorkloadSpec(_Strict):
 class PlannerSpec(_Strict):
     """Which planner and its knobs."""
 
-    name: Literal["alpaserve", "selective_replication", "round_robin"] = Field(default="alpaserve", description="The planner.")
+    name: Literal["alpaserve", "selective_replication", "round_robin"] = Field(default="alpaserve",
+                                                                               description="The planner.")
     beam_size: int = Field(default=1, ge=1, description="AlpaServe Alg. 1 beam size (used when fast is false).")
     fast: bool = Field(default=True, description="The fast variant of Alg. 1 (one simulation per placed replica).")
-    replicas_per_round: int = Field(default=1, ge=0, description="Fast variant: replicas placed per simulation (0: groups/4).")
-    screen_fraction: float | None = Field(default=None, gt=0, le=1, description="Alg. 2: share of the workload used to screen candidates (None: the planner's default).")
+    replicas_per_round: int = Field(default=1, ge=0,
+                                    description="Fast variant: replicas placed per simulation (0: groups/4).")
+    screen_fraction: float | None = Field(default=None, gt=0, le=1,
+                                          description="Alg. 2: share of the workload used to screen candidates (None: "
+                                                      "the planner's default).")
     max_group_devices: int = Field(default=16, ge=1, description="Largest device group considered.")
 
 
 class SimulationSpec(_Strict):
     """How the simulated system behaves."""
 
-    dispatch: Literal["shortest_queue", "earliest_finish", "round_robin"] = Field(default="shortest_queue", description="Dispatch policy.")
+    dispatch: Literal["shortest_queue", "earliest_finish", "round_robin"] = Field(default="shortest_queue",
+                                                                                  description="Dispatch policy.")
     slo_admission: bool = Field(default=True, description="Reject requests that cannot finish by their deadline.")
     max_batch_size: int = Field(default=1, ge=1, le=1024, description="Largest batch; 1 disables batching.")
-    request_overhead_ms: float = Field(default=0.0, ge=0, description="Fixed time before the first stage, milliseconds.")
+    request_overhead_ms: float = Field(default=0.0, ge=0,
+                                       description="Fixed time before the first stage, milliseconds.")
     response_overhead_ms: float = Field(default=0.0, ge=0, description="Fixed time after the last stage, milliseconds.")
 
 
@@ -105,7 +114,8 @@ class PlanSpec(_Strict):
 
     profiles: ProfilesSpec = Field(description="Where the profiles come from.")
     models: list[str] | None = Field(default=None, description="Models to place (names in the profiles); null: all.")
-    slo_scale: float = Field(default=5.0, gt=0, description="SLO = slo_scale x single-device latency, unless slo_ms names the model.")
+    slo_scale: float = Field(default=5.0, gt=0,
+                             description="SLO = slo_scale x single-device latency, unless slo_ms names the model.")
     slo_ms: dict[str, float] = Field(default_factory=dict, description="Per-model SLO overrides, milliseconds.")
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec, description="The traffic.")
     cluster: ClusterSpec = Field(default_factory=ClusterSpec, description="Devices and memory per device.")
@@ -143,7 +153,8 @@ def model_names(spec: PlanSpec, profiles: ProfileSet) -> list[str]:
 
 def slos_s(spec: PlanSpec, profiles: ProfileSet, names: list[str]) -> list[float]:
     from placement.alpaserve.planner import _reference_latency
-    return [spec.slo_ms[n] / 1e3 if n in spec.slo_ms else spec.slo_scale * _reference_latency(profiles, n) for n in names]
+    return [spec.slo_ms[n] / 1e3 if n in spec.slo_ms else spec.slo_scale * _reference_latency(profiles, n)
+            for n in names]
 
 
 def build_workload(spec: PlanSpec, profiles: ProfileSet, names: list[str], base_dir: Path) -> Workload:
@@ -156,7 +167,8 @@ def build_workload(spec: PlanSpec, profiles: ProfileSet, names: list[str], base_
         trace = load_trace(path if path.is_absolute() else base_dir / path, w.trace_format)
         return trace_workload(trace, names, slo, window_s=w.window_s, rate_scale=w.rate_scale, cv_scale=w.cv_scale,
                               seed=w.seed)
-    shares = uniform_popularity(len(names)) if w.popularity_exponent is None else power_law_popularity(len(names), w.popularity_exponent)
+    shares = (uniform_popularity(len(names)) if w.popularity_exponent is None
+              else power_law_popularity(len(names), w.popularity_exponent))
     traffic = [ModelTraffic(PoissonProcess(w.total_rate_per_s * share) if w.kind == "poisson"
                             else GammaProcess(w.total_rate_per_s * share, w.cv), s)
                for share, s in zip(shares, slo)]

@@ -403,7 +403,8 @@ def _lookahead_greedy(problem: _Problem, models: Sequence[str], sel: _Selection,
         utilization = result.group_busy_seconds() / (devices * span)
         open_models = [n for n in models if unserved[n] > 0 and len(room.feasible(n))]
         by_count = sorted(open_models, key=lambda n: (-unserved[n], n))[: problem.config.lookahead]
-        by_byte = sorted(open_models, key=lambda n: (-unserved[n] / _min_weight(problem, n), n))[: problem.config.lookahead]
+        by_byte = sorted(open_models,
+                         key=lambda n: (-unserved[n] / _min_weight(problem, n), n))[: problem.config.lookahead]
         chosen = None
         for name in dict.fromkeys(by_count + by_byte):
             g = int(min(room.feasible(name), key=lambda g: (utilization[g], len(sel.models[g]), g)))
@@ -429,7 +430,8 @@ def _refine(problem: _Problem, models: Sequence[str], sel: _Selection, workload:
     :data:`REFINE_TOP_MODELS` models with the most unserved requests, try adding a replica to a group with room,
     or swapping it for one of :data:`REFINE_SPARE_REPLICAS` hosted replicas of models with more than one replica
     and the fewest unserved requests per replica, or dropping such a replica (which relieves its group); take the
-    first move that serves more requests and start again. Alg. 1's beam search explores these placements at many times the simulations."""
+    first move that serves more requests and start again. Alg. 1's beam search explores these placements at many times
+    the simulations."""
     budget = problem.config.refine_simulations
     if budget <= 0 or problem.config.replicas_per_round != 1 or not sel.groups or sel.attainment >= 1.0:
         return sel
@@ -703,7 +705,8 @@ class _Scored:
     @staticmethod
     def concat(parts: Sequence["_Scored"]) -> "_Scored":
         """Buckets' results together: one selection over all their groups."""
-        merged = _Selection([g for p in parts for g in p.selection.groups], [m for p in parts for m in p.selection.models],
+        merged = _Selection([g for p in parts for g in p.selection.groups],
+                            [m for p in parts for m in p.selection.models],
                             [m for p in parts for m in p.selection.memory], good=sum(p.selection.good for p in parts))
         return _Scored(merged, sum(p.requests for p in parts), sum(p.stress_good for p in parts),
                        sum(p.stress_requests for p in parts))
@@ -722,7 +725,8 @@ def _score(problem: _Problem, sel: _Selection, workload: Workload, stressed: Seq
 
 
 def plan(model_names: Sequence[str], profiles: ProfileSet, workload: Workload, num_devices: int,
-         device_memory_bytes: int, config: PlannerConfig | None = None, warm_start: Placement | None = None) -> Placement:
+         device_memory_bytes: int, config: PlannerConfig | None = None,
+         warm_start: Placement | None = None) -> Placement:
     """AlpaServe Alg. 2: enumerate model buckets, device buckets, group partitions and parallel configurations,
     place each bucket with Alg. 1 on its share of the workload, and keep the best concatenation. With screening
     on and more than `combos_keep` (model buckets, device split) pairs, the pairs are ranked by their buckets'
@@ -749,7 +753,8 @@ def plan(model_names: Sequence[str], profiles: ProfileSet, workload: Workload, n
         best = _warm_candidates(problem, names, warm_start, num_devices)
     bucket_options = model_buckets(profiles, names, config.bucket_latency_ratio, config.max_buckets,
                                    config.bucket_gap_ratio)
-    logger.info("%s: %d models, %d devices, %d model-bucket options", config.name, len(names), num_devices, len(bucket_options))
+    logger.info("%s: %d models, %d devices, %d model-bucket options", config.name, len(names), num_devices,
+                len(bucket_options))
     if all(len(buckets) > num_devices for buckets in bucket_options):
         bucket_options = [[sorted(names)]]  # fewer devices than buckets: one bucket for all models
     elif config.one_bucket_candidate and all(len(buckets) > 1 for buckets in bucket_options):

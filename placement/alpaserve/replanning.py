@@ -70,11 +70,13 @@ class ModelTrafficFit(BaseModel):
 class Candidate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: CandidateName = Field(description="keep, local (one move), rehost (Alg. 1 on the running groups) or replan (Alg. 2).")
+    name: CandidateName = Field(description="keep, local (one move), rehost (Alg. 1 on the running groups) or replan "
+                                            "(Alg. 2).")
     placement: Placement = Field(description="The candidate placement.")
     predicted_attainment: float = Field(
         description="SLO attainment as deployed, mean over the held-out resamples (not the one it was made on), 0..1.")
-    in_sample_attainment: float = Field(description="SLO attainment as deployed on the resample the candidates were made on, 0..1.")
+    in_sample_attainment: float = Field(description="SLO attainment as deployed on the resample the candidates were "
+                                                    "made on, 0..1.")
     through_rollout_attainment: float = Field(
         description="SLO attainment over the horizon when rolled out from the running placement now, mean over the "
                     "held-out resamples, 0..1 (equals predicted_attainment without a transition model, and for keep).")
@@ -92,7 +94,8 @@ class ReplanDecision(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    traffic: dict[str, ModelTrafficFit] = Field(description="Per model: the fitted traffic the candidates were judged on.")
+    traffic: dict[str, ModelTrafficFit] = Field(description="Per model: the fitted traffic the candidates were judged "
+                                                            "on.")
     candidates: list[Candidate] = Field(description="Every candidate with its predicted attainment.")
     chosen: CandidateName = Field(description="The candidate to run from now on.")
     in_sample_choice: CandidateName = Field(
@@ -138,7 +141,8 @@ class ReplanPolicy:
                                   if self.transition is not None else None)
 
     def fit(self, traffic: ObservedTraffic) -> tuple[dict[str, ModelTrafficFit], np.ndarray, np.ndarray]:
-        fitted = fit_arrivals(traffic.model_names, traffic.arrival_s, min(self.fit_window_s, traffic.duration_s), traffic.duration_s)
+        fitted = fit_arrivals(traffic.model_names, traffic.arrival_s, min(self.fit_window_s, traffic.duration_s),
+                              traffic.duration_s)
         rates, cvs = fitted.rates[:, -1], fitted.cvs[:, -1]
         fits = {name: ModelTrafficFit(rate_per_s=float(rates[m]), cv=float(cvs[m]), requests=len(traffic.arrival_s[m]))
                 for m, name in enumerate(traffic.model_names)}
@@ -150,7 +154,8 @@ class ReplanPolicy:
         horizon = self.horizon_s if self.horizon_s is not None else max(traffic.duration_s, MIN_HORIZON_S)
         return min(horizon, MAX_HORIZON_S)
 
-    def workload(self, traffic: ObservedTraffic, rates: np.ndarray, cvs: np.ndarray, seed: int | None = None) -> Workload:
+    def workload(self, traffic: ObservedTraffic, rates: np.ndarray, cvs: np.ndarray,
+                 seed: int | None = None) -> Workload:
         """The traffic of the last fit window, resampled over the horizon (default: the planning resample)."""
         trace = FittedTrace(traffic.model_names, self.horizon(traffic), rates[:, None], cvs[:, None])
         return trace.resample(traffic.slo_s, seed=self.seed if seed is None else seed)
@@ -181,7 +186,8 @@ class ReplanPolicy:
         logger.info("replan: %s (%s; in-sample choice %s)", chosen, reason, in_sample)
         return decision
 
-    def _proposals(self, current: Placement, names: Sequence[str], planning: Workload) -> list[tuple[CandidateName, Placement, str]]:
+    def _proposals(self, current: Placement, names: Sequence[str],
+                   planning: Workload) -> list[tuple[CandidateName, Placement, str]]:
         """The moves, each made on the planning resample."""
         out: list[tuple[CandidateName, Placement, str]] = []
         if self.local_search and current.groups:
@@ -213,8 +219,10 @@ class ReplanPolicy:
         if self.transition is not None and name != "keep":
             slots = self.num_slots or max(self.num_devices, len(current.groups), len(placement.groups))
             spans, transition_s = rollout_timeline(SlotLayout.from_placement(current, slots), placement, self.profiles,
-                                                   self.num_devices, self.transition, horizon_s, self.max_changes_per_step)
-            through = float(np.mean([attainment_through(spans, self.profiles, w, self.planner.simulator, self._loading_profiles)
+                                                   self.num_devices, self.transition, horizon_s,
+                                                   self.max_changes_per_step)
+            through = float(np.mean([attainment_through(spans, self.profiles, w, self.planner.simulator,
+                                                        self._loading_profiles)
                                      for w in held_out]))
         return Candidate(name=name, placement=placement, predicted_attainment=deployed,
                          in_sample_attainment=self._attainment(placement, planning), through_rollout_attainment=through,
@@ -232,10 +240,12 @@ class ReplanPolicy:
         keep = score(by_name["keep"])
         best = max(score(c) for c in candidates)
         if best - keep < self.min_gain:
-            return "keep", f"best predicted gain {best - keep:+.3f} (held out, through the rollout) is below min_gain {self.min_gain}"
+            return "keep", (f"best predicted gain {best - keep:+.3f} (held out, through the rollout) is below min_gain "
+                            f"{self.min_gain}")
         chosen = by_name["keep"]
         for name in DISRUPTION_ORDER[1:]:
             if name in by_name and score(by_name[name]) - score(chosen) >= self.min_gain:
                 chosen = by_name[name]
         steps = ", ".join(f"{c.name} {score(c) - keep:+.3f}" for c in candidates if c.name != "keep")
-        return chosen.name, f"{chosen.name} gains {score(chosen) - keep:+.3f} over keeping ({steps}; each must beat the less disruptive by min_gain)"
+        return chosen.name, (f"{chosen.name} gains {score(chosen) - keep:+.3f} over keeping ({steps}; each must beat "
+                             "the less disruptive by min_gain)")

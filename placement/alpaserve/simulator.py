@@ -2,9 +2,9 @@
 
 Each device group runs a pipeline of `pipeline_stages` stages. A request dispatched to a group enters stage k as
 soon as it has left stage k-1 and stage k is free, so consecutive requests overlap (AlpaServe §3.4). Groups serve
-FCFS. Dispatch is a :mod:`placement.alpaserve.dispatch` policy (default: shortest queue with SLO admission, §4.3); batching
-is an optional :mod:`placement.alpaserve.batching` policy (§6.5). Fixed per-request overheads (before the first stage and
-after the last) are named parameters.
+FCFS. Dispatch is a :mod:`placement.alpaserve.dispatch` policy (default: shortest queue with SLO admission, §4.3);
+batching is an optional :mod:`placement.alpaserve.batching` policy (§6.5). Fixed per-request overheads (before the first
+stage and after the last) are named parameters.
 
 Two engines give identical results:
 
@@ -610,7 +610,8 @@ class SimulationResult:
         if not len(latency):
             return LatencyStats(0, math.nan, math.nan, math.nan, math.nan, math.nan)
         p50, p90, p99 = np.percentile(latency, LATENCY_PERCENTILES)
-        return LatencyStats(int(len(latency)), float(latency.mean()), float(p50), float(p90), float(p99), float(latency.max()))
+        return LatencyStats(int(len(latency)), float(latency.mean()), float(p50), float(p90), float(p99),
+                            float(latency.max()))
 
     def device_seconds(self) -> np.ndarray:
         """Busy device-seconds of each request (its share of its batch's stage latencies x intra-op devices)."""
@@ -688,7 +689,8 @@ def simulate_groups(groups: Sequence[GroupSpec], cache: LatencyCache, workload: 
     if not compiled:
         engine = _ReferenceEngine(tables, groups, names, config, workload, max_batch)
         engine.run()
-        return SimulationResult(workload, engine.start, engine.finish, engine.group, engine.status, engine.batch, tables)
+        return SimulationResult(workload, engine.start, engine.finish, engine.group, engine.status, engine.batch,
+                                tables)
     arrays = _KernelArrays.build(workload, tables)
     knobs = _kernel_knobs(config, max_batch)
     a = arrays

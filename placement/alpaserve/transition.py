@@ -58,7 +58,8 @@ class Span:
 
 
 def rollout_timeline(current: SlotLayout, target: Placement, profiles: ProfileSet, num_devices: int,
-                     transition: TransitionModel, horizon_s: float, max_changes_per_step: int = 1) -> tuple[list[Span], float]:
+                     transition: TransitionModel, horizon_s: float,
+                     max_changes_per_step: int = 1) -> tuple[list[Span], float]:
     """The spans of [0, horizon_s) when moving from `current` to `target` from time 0, and the rollout's seconds."""
     rollout = plan_rollout(current, target, num_devices, max_changes_per_step)
     spans: list[Span] = []
@@ -67,7 +68,8 @@ def rollout_timeline(current: SlotLayout, target: Placement, profiles: ProfileSe
     for step in rollout.steps:
         duration = transition.step_overhead_s + max(change_s(transition, profiles, c) for c in step.changes)
         serving = [GroupPlacement(num_devices=g.num_devices, config=g.config, models=models)
-                   for g, models in zip(before.slots, transition_routes(before, step.layout)) if g is not None and models]
+                   for g, models in zip(before.slots, transition_routes(before, step.layout))
+                   if g is not None and models]
         spans.append(Span(t, t + duration, Placement(groups=serving), loading=True))
         t += duration
         before = step.layout

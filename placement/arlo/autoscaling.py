@@ -33,10 +33,14 @@ class AutoscalingParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     slo_ms: float = Field(gt=0, description="Latency objective, in milliseconds.")
-    scale_out_fraction: float = Field(default=ARLO_SCALE_OUT_FRACTION, gt=0, le=1, description="Scale out when p98 >= this x SLO.")
-    scale_in_fraction: float = Field(default=ARLO_SCALE_IN_FRACTION, gt=0, lt=1, description="Scale in when p98 stays < this x SLO.")
-    scale_in_period_s: float = Field(default=ARLO_SCALE_IN_PERIOD_S, gt=0, description="How long p98 must stay low before a scale-in, in seconds.")
-    scale_out_cooldown_s: float = Field(default=DEFAULT_SCALE_OUT_COOLDOWN_S, ge=0, description="Least time between two scale-outs, in seconds.")
+    scale_out_fraction: float = Field(default=ARLO_SCALE_OUT_FRACTION, gt=0, le=1,
+                                      description="Scale out when p98 >= this x SLO.")
+    scale_in_fraction: float = Field(default=ARLO_SCALE_IN_FRACTION, gt=0, lt=1,
+                                     description="Scale in when p98 stays < this x SLO.")
+    scale_in_period_s: float = Field(default=ARLO_SCALE_IN_PERIOD_S, gt=0,
+                                     description="How long p98 must stay low before a scale-in, in seconds.")
+    scale_out_cooldown_s: float = Field(default=DEFAULT_SCALE_OUT_COOLDOWN_S, ge=0,
+                                        description="Least time between two scale-outs, in seconds.")
     min_instances: int = Field(default=1, ge=1, description="Never scale in below this many instances.")
     max_instances: int = Field(default=1_000_000, ge=1, description="Never scale out above this many instances.")
 
@@ -76,7 +80,8 @@ class TargetTrackingAutoscaler:
         if p98 < self.params.scale_in_fraction * slo_s:
             if self._low_since_s is None:
                 self._low_since_s = now_s
-            if now_s - self._low_since_s >= self.params.scale_in_period_s and len(instance_loads) > self.params.min_instances:
+            if (now_s - self._low_since_s >= self.params.scale_in_period_s
+                and len(instance_loads) > self.params.min_instances):
                 self._low_since_s = now_s  # a fresh period before the next release
                 victim = min(instance_loads, key=lambda iid: (instance_loads[iid], str(iid)))
                 return ScalingDecision("scale_in", instance_id=victim, p98_s=p98)

@@ -82,11 +82,13 @@ def profiles_from_capacities(capacities: Mapping[int, int], slo_s: float, model:
 
 
 class LiveAllocatorParams(BaseModel):
-    """The keys of `PolymorphingPolicyParams` the allocator reads (the others, routing and runtime build, are ignored)."""
+    """The keys of `PolymorphingPolicyParams` the allocator reads (the others, routing and runtime build, are
+    ignored)."""
 
     model_config = ConfigDict(extra="ignore")
 
-    capacities: dict[int, int] = Field(min_length=1, description="Runtime max length -> capacity within the SLO (Arlo M_i).")
+    capacities: dict[int, int] = Field(min_length=1,
+                                       description="Runtime max length -> capacity within the SLO (Arlo M_i).")
     initial_counts: dict[int, int] | None = Field(default=None, description="Runtime max length -> replicas at start.")
     allocation_period_s: float = Field(default=ARLO_ALLOCATION_PERIOD_S, gt=0,
                                        description="Seconds between re-allocations (Arlo §5: 120 s).")
@@ -108,17 +110,21 @@ class AllocationDecision(BaseModel):
     now_s: float = Field(description="When the decision was taken (the caller's clock).")
     window_s: float = Field(description="Seconds of traffic the lengths covered.")
     num_requests: int = Field(description="Requests with a length counted in the window.")
-    requests_per_slo: dict[int, float] = Field(description="Arlo Q_i by runtime max length: mean requests per SLO period in its bin.")
+    requests_per_slo: dict[int, float] = Field(description="Arlo Q_i by runtime max length: mean requests per SLO "
+                                                           "period in its bin.")
     counts: dict[int, int] = Field(description="Arlo N_i by runtime max length; sums to num_instances.")
     previous_counts: dict[int, int] = Field(description="Instances per runtime max length before the decision.")
-    changed: bool = Field(description="Whether counts or the rank assignment differ from before (else nothing to apply).")
+    changed: bool = Field(description="Whether counts or the rank assignment differ from before (else nothing to "
+                                      "apply).")
     solver: Solver = Field(description="exact: Eq. 1-7 by DP; proportional: Eq. 3 infeasible, Q_i/M_i shares; kept: "
                                        "previous counts as good as the optimum.")
-    total_latency_s: float = Field(description="Arlo Eq. 1 objective of counts under the Q_i (seconds summed over requests).")
+    total_latency_s: float = Field(description="Arlo Eq. 1 objective of counts under the Q_i (seconds summed over "
+                                               "requests).")
     assignment: dict[int, int] = Field(description="Replica rank -> runtime max length, fewest ranks changed.")
     replicas_changed: int = Field(description="Ranks switching runtime, added, or released vs previous_assignment.")
     num_replicas: int = Field(description="Serve num_replicas of the runtime deployment.")
-    user_config: dict[str, Any] = Field(description="Serve user_config: PolymorphAssignmentParams as JSON (assignment, version).")
+    user_config: dict[str, Any] = Field(description="Serve user_config: PolymorphAssignmentParams as JSON (assignment, "
+                                                    "version).")
 
     def update(self) -> tuple[int, dict[str, Any]]:
         """`(num_replicas, user_config)`, as `allocation_update` returns them."""
@@ -158,7 +164,8 @@ class LiveRuntimeAllocator:
         if num_instances is None:
             num_instances = sum(params.initial_counts.values()) if params.initial_counts else len(self.capacities)
         if num_instances < 1:
-            raise ValueError(f"num_instances must be >= 1 (Arlo Eq. 7 keeps one instance of the longest), got {num_instances}")
+            raise ValueError("num_instances must be >= 1 (Arlo Eq. 7 keeps one instance of the longest), got "
+                             f"{num_instances}")
         if profiles is None:
             profiles = profiles_from_capacities(self.capacities, slo_s, model)
         elif profiles.max_lengths != self.max_lengths:
@@ -192,7 +199,8 @@ class LiveRuntimeAllocator:
         """
         if num_instances is not None:
             if num_instances < 1:
-                raise ValueError(f"num_instances must be >= 1 (Arlo Eq. 7 keeps one instance of the longest), got {num_instances}")
+                raise ValueError("num_instances must be >= 1 (Arlo Eq. 7 keeps one instance of the longest), got "
+                                 f"{num_instances}")
             self.num_instances = int(num_instances)
         if self._last_decision_s is None:
             self._last_decision_s = now_s
@@ -215,8 +223,10 @@ class LiveRuntimeAllocator:
             self.version = previous_version
         if changed:
             self.version += 1
-        replicas_changed = sum(1 for rank in set(previous) | set(assignment) if previous.get(rank) != assignment.get(rank))
-        user_config = {"assignment": {str(rank): length for rank, length in assignment.items()}, "version": self.version}
+        replicas_changed = sum(1 for rank in set(previous) | set(assignment)
+                               if previous.get(rank) != assignment.get(rank))
+        user_config = {"assignment": {str(rank): length for rank, length in assignment.items()},
+                       "version": self.version}
         decision = AllocationDecision(
             now_s=now_s, window_s=window_s, num_requests=len(lengths), requests_per_slo=dict(zip(self.max_lengths, q)),
             counts=counts, previous_counts=previous_counts, changed=changed, solver=solver,
@@ -233,7 +243,8 @@ class LiveRuntimeAllocator:
             try:
                 rank_int, length_int = int(rank), int(length)
             except (TypeError, ValueError):
-                raise ValueError(f"previous_assignment[{rank!r}]={length!r}: ranks and max lengths must be integers") from None
+                raise ValueError(f"previous_assignment[{rank!r}]={length!r}: ranks and max lengths must be "
+                                 "integers") from None
             if rank_int < 0 or length_int not in self.capacities:
                 raise ValueError(f"previous_assignment[{rank_int}]={length_int}: rank must be >= 0 and the max length "
                                  f"one of the runtimes {self.max_lengths}")
@@ -245,7 +256,8 @@ class LiveRuntimeAllocator:
             best = solve_allocation(self.profiles, q, self.num_instances)
             solver: Solver = "exact"
         except ValueError as error:
-            logger.warning("allocation infeasible on %d instances (%s); capacity-proportional fallback", self.num_instances, error)
+            logger.warning("allocation infeasible on %d instances (%s); capacity-proportional fallback",
+                           self.num_instances, error)
             best, solver = proportional_allocation(self.profiles, q, self.num_instances), "proportional"
         kept = self._previous_if_as_good(q, previous_counts, best)
         return (kept, "kept") if kept is not None else (best, solver)

@@ -69,10 +69,12 @@ def paper_slo_s(model: str) -> float:
     return {"bert-base": BERT_BASE_SLO_S, "bert-large": BERT_LARGE_SLO_S}[model]
 
 
-def paper_runtime_profiles(model: str, lengths_tokens: list[int] | None = None, slo_s: float | None = None) -> RuntimeProfileSet:
+def paper_runtime_profiles(model: str, lengths_tokens: list[int] | None = None,
+                           slo_s: float | None = None) -> RuntimeProfileSet:
     """Batch-1 runtime profiles (Arlo serves with a fixed small batch) at the paper's 8 step tops by default."""
     lengths = lengths_tokens or list(range(PAPER_STEP_TOKENS, PAPER_MAX_LENGTH_TOKENS + 1, PAPER_STEP_TOKENS))
     slo = slo_s if slo_s is not None else paper_slo_s(model)
     runtimes = [RuntimeProfile(max_length_tokens=length, batch_latency_s={1: staircase_latency_s(model, length)},
                                max_batch_size=1, slo_s=slo) for length in lengths]
-    return RuntimeProfileSet(model=model, source=f"paper:arlo-fig2-{model} (reproduction, not measured)", runtimes=runtimes)
+    return RuntimeProfileSet(model=model, source=f"paper:arlo-fig2-{model} (reproduction, not measured)",
+                             runtimes=runtimes)

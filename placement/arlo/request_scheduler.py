@@ -80,7 +80,8 @@ class MultiLevelQueue:
         if instance_id in self._slot_of:
             raise ValueError(f"instance {instance_id!r} is already in the queue")
         if max_length_tokens not in self._level_of_length:
-            raise ValueError(f"instance {instance_id!r}: no runtime with max length {max_length_tokens} (have {self._lengths})")
+            raise ValueError(f"instance {instance_id!r}: no runtime with max length {max_length_tokens} (have "
+                             f"{self._lengths})")
         level = self._level_of_length[max_length_tokens]
         if self._free_slots:
             slot = self._free_slots.pop()
@@ -169,7 +170,8 @@ class MultiLevelQueue:
         """Index of the first runtime long enough for the request."""
         first = bisect.bisect_left(self._lengths, length_tokens)
         if first == len(self._lengths):
-            raise ValueError(f"request of {length_tokens} tokens exceeds the longest runtime ({self._lengths[-1]} tokens)")
+            raise ValueError(f"request of {length_tokens} tokens exceeds the longest runtime ({self._lengths[-1]} "
+                             "tokens)")
         return first
 
     def _send(self, slot: int) -> Hashable:

@@ -98,8 +98,8 @@ def _check_inputs(profiles: RuntimeProfileSet, requests_per_slo: Sequence[float]
         raise ValueError("requests_per_slo must be >= 0")
     bounds = allocation_lower_bounds(profiles, requests_per_slo)
     if num_devices < sum(bounds):
-        raise ValueError(f"num_devices={num_devices} is below the {sum(bounds)} instances the load needs within the SLO "
-                         f"(Arlo Eq. 3 and 7: {bounds})")
+        raise ValueError(f"num_devices={num_devices} is below the {sum(bounds)} instances the load needs within the "
+                         f"SLO (Arlo Eq. 3 and 7: {bounds})")
     return bounds
 
 
@@ -161,7 +161,8 @@ class _LatencyCurve:
             return self.runtime.profiled_latency_s(load)
         rho = load * self.rho_per_load
         capped = np.minimum(rho, RHO_CAP)
-        return self.single + self.batch_s * (capped / (2.0 * (1.0 - capped)) + np.maximum(rho - RHO_CAP, 0.0) * self.slope)
+        return (self.single
+                + self.batch_s * (capped / (2.0 * (1.0 - capped)) + np.maximum(rho - RHO_CAP, 0.0) * self.slope))
 
 
 def solve_allocation(profiles: RuntimeProfileSet, requests_per_slo: Sequence[float],
@@ -240,7 +241,8 @@ def solve_allocation(profiles: RuntimeProfileSet, requests_per_slo: Sequence[flo
     n_last = num_devices - front.devices
     demand = front.overflow + q
     valid = n_last >= bounds[last]
-    total = np.where(valid, front.cost + demand * runtime.allocation_latency_s(demand / np.maximum(n_last, 1), objective),
+    total = np.where(valid,
+                     front.cost + demand * runtime.allocation_latency_s(demand / np.maximum(n_last, 1), objective),
                      math.inf)
     best = int(np.argmin(total))
     instances = [int(n_last[best])]
@@ -258,7 +260,8 @@ class PeriodicAllocatorParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    period_s: float = Field(default=ARLO_ALLOCATION_PERIOD_S, gt=0, description="Seconds between re-allocations (Arlo: 120 s).")
+    period_s: float = Field(default=ARLO_ALLOCATION_PERIOD_S, gt=0,
+                            description="Seconds between re-allocations (Arlo: 120 s).")
 
 
 @dataclass

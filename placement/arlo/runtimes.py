@@ -161,8 +161,10 @@ class RuntimeProfileSet(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: str = Field(description="Name of the served model.")
-    source: str = Field(description="Where the figures come from: 'measured:<device>' or 'paper:<figure>' (a reproduction).")
-    runtimes: list[RuntimeProfile] = Field(min_length=1, description="One profile per runtime, by increasing max length.")
+    source: str = Field(description="Where the figures come from: 'measured:<device>' or 'paper:<figure>' (a "
+                                    "reproduction).")
+    runtimes: list[RuntimeProfile] = Field(min_length=1,
+                                           description="One profile per runtime, by increasing max length.")
 
     @model_validator(mode="after")
     def _check(self) -> "RuntimeProfileSet":

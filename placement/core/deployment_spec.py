@@ -39,7 +39,8 @@ class ModelSpec(_Strict):
 
     name: str = Field(description="Name under which the model is served (URL path segment, metric tag).",
                       pattern=MODEL_NAME_PATTERN)
-    kind: Literal["text", "vision"] = Field(description="'text' for sentence encoders (embed), 'vision' for image classifiers (classify).")
+    kind: Literal["text", "vision"] = Field(description="'text' for sentence encoders (embed), 'vision' for image "
+                                                        "classifiers (classify).")
     source: str = Field(
         description=(
             "Where the weights come from, never a hub: 'package:all-minilm-l6-v2' (the weights shipped in the "
@@ -48,23 +49,29 @@ class ModelSpec(_Strict):
         )
     )
     checkpoint_path: str | None = Field(
-        default=None, description="Vision models: a local state-dict file (.pt/.pth/.safetensors) for the timm architecture."
+        default=None,
+        description="Vision models: a local state-dict file (.pt/.pth/.safetensors) for the timm architecture."
     )
-    num_classes: int | None = Field(default=None, ge=1, description="Vision models: number of output classes of the head.")
-    image_size_px: int | None = Field(default=None, ge=8, le=1024, description="Vision models: input image side length in pixels.")
+    num_classes: int | None = Field(default=None, ge=1,
+                                    description="Vision models: number of output classes of the head.")
+    image_size_px: int | None = Field(default=None, ge=8, le=1024,
+                                      description="Vision models: input image side length in pixels.")
     in_chans: int = Field(default=3, ge=1, le=4, description="Vision models: input image channels.")
     timm_kwargs: dict[str, int | float | str | bool] = Field(
         default_factory=dict,
-        description="Vision models: extra keyword arguments of timm.create_model for the architecture (e.g. patch_size, depth, embed_dim).",
+        description="Vision models: extra keyword arguments of timm.create_model for the architecture (e.g. "
+                    "patch_size, depth, embed_dim).",
     )
     slo_ms: float = Field(default=1000.0, gt=0, description="Latency objective of one request, in milliseconds.")
     max_input_length_tokens: int | None = Field(
         default=None, ge=1,
-        description="Text models: longest accepted input in tokens (including special tokens); defaults to the model's own limit.",
+        description="Text models: longest accepted input in tokens (including special tokens); defaults to the model's "
+                    "own limit.",
     )
     on_too_long: Literal["reject", "truncate"] = Field(
         default="reject",
-        description="Text longer than max_input_length_tokens: 'reject' answers 413 naming the limit, 'truncate' cuts it.",
+        description="Text longer than max_input_length_tokens: 'reject' answers 413 naming the limit, 'truncate' cuts "
+                    "it.",
     )
     num_replicas: int = Field(default=1, ge=1, le=64, description="Replicas of the model deployment.")
     num_cpus_per_replica: float = Field(default=0.5, gt=0, description="Logical CPUs reserved by each replica.")
@@ -75,16 +82,20 @@ class ModelSpec(_Strict):
                     "reserved (single-model replicas run their model on the CPU). Unused on CPU-only clusters.")
     max_batch_size: int = Field(
         default=16, ge=1, le=1024,
-        description="Vision models: most requests in one forward pass (text replicas bound a batch by their batching policy's rows x row_length_tokens).",
+        description="Vision models: most requests in one forward pass (text replicas bound a batch by their batching "
+                    "policy's rows x row_length_tokens).",
     )
-    batch_wait_timeout_ms: float = Field(default=5.0, ge=0, description="Longest a batch waits to fill, in milliseconds.")
+    batch_wait_timeout_ms: float = Field(default=5.0, ge=0,
+                                         description="Longest a batch waits to fill, in milliseconds.")
     max_queued_requests: int = Field(
         default=DEFAULT_MAX_QUEUED_REQUESTS, ge=1,
-        description="Requests waiting for the model's replicas beyond which new ones are refused with 503 (load shedding).",
+        description="Requests waiting for the model's replicas beyond which new ones are refused with 503 (load "
+                    "shedding).",
     )
     policies: dict[str, "PolicySpec"] = Field(
         default_factory=dict,
-        description="Per-model policies by role ('batching', 'token_adaptation', 'polymorphing', ...); override the spec-wide ones.",
+        description="Per-model policies by role ('batching', 'token_adaptation', 'polymorphing', ...); override the "
+                    "spec-wide ones.",
     )
 
     @model_validator(mode="after")
@@ -106,11 +117,13 @@ class ModelSpec(_Strict):
 class ClusterSpec(_Strict):
     """The devices plexserve may use."""
 
-    num_devices: int = Field(default=1, ge=1, description="Number of devices (GPUs, or logical devices on CPU machines).")
+    num_devices: int = Field(default=1, ge=1,
+                             description="Number of devices (GPUs, or logical devices on CPU machines).")
     device_memory_bytes: int = Field(default=16 * 1024**3, gt=0, description="Memory of one device, in bytes.")
     device_resource: str = Field(
         default="GPU",
-        description="Ray resource that stands for one device: 'GPU' on GPU clusters, or a logical resource name on CPU-only clusters.",
+        description="Ray resource that stands for one device: 'GPU' on GPU clusters, or a logical resource name on "
+                    "CPU-only clusters.",
     )
 
 
@@ -124,8 +137,10 @@ class PolicySpec(_Strict):
 class ServingSpec(_Strict):
     """Limits of the HTTP front door."""
 
-    max_request_bytes: int = Field(default=DEFAULT_MAX_REQUEST_BYTES, ge=1024, description="Largest accepted HTTP body, in bytes.")
-    max_items_per_request: int = Field(default=DEFAULT_MAX_ITEMS_PER_REQUEST, ge=1, description="Most texts or images in one request.")
+    max_request_bytes: int = Field(default=DEFAULT_MAX_REQUEST_BYTES, ge=1024,
+                                   description="Largest accepted HTTP body, in bytes.")
+    max_items_per_request: int = Field(default=DEFAULT_MAX_ITEMS_PER_REQUEST, ge=1,
+                                       description="Most texts or images in one request.")
     num_cpus_ingress: float = Field(default=0.25, gt=0, description="Logical CPUs reserved by the ingress replica.")
     ingress_max_ongoing_requests: int = Field(
         default=DEFAULT_INGRESS_MAX_ONGOING_REQUESTS, ge=1,
@@ -140,35 +155,50 @@ class ControllerSpec(_Strict):
     """The live placement controller: re-plans under changing traffic and applies only what changed."""
 
     enabled: bool = Field(default=True, description="Run the controller (group re-planning needs the spec's "
-                                                    "`planning.profiles`; polymorphing models' runtime allocation needs nothing more).")
+                                                    "`planning.profiles`; polymorphing models' runtime allocation "
+                                                    "needs nothing more).")
     period_s: float = Field(default=DEFAULT_CONTROLLER_PERIOD_S, gt=0,
                             description="Seconds between two decisions; each judges the traffic of the last period.")
     min_gain: float = Field(default=0.02, ge=0, le=1,
                             description="Predicted SLO attainment gain (0..1) a re-placement must bring to be applied.")
     fit_window_s: float = Field(default=10.0, gt=0,
-                                description="Seconds per rate/CV fit window; the latest window's traffic is planned for.")
-    max_changes_per_step: int = Field(default=1, ge=1, description="Group slots changed per rollout step (small batches).")
-    held_out_resamples: int = Field(default=3, ge=1, description="Independent resamples of the fitted traffic each candidate "
-                                                                 "is judged on (mean), none of them the one it was planned on.")
-    horizon_periods: float = Field(default=2.0, gt=0, description="Periods of traffic a candidate is judged over, its rollout "
-                                                                  "from the running placement included.")
-    price_transitions: bool = Field(default=True, description="Judge each candidate through its rollout (loads, routes, "
-                                                              "slowdown); false: as if already deployed.")
+                                description="Seconds per rate/CV fit window; the latest window's traffic is planned "
+                                            "for.")
+    max_changes_per_step: int = Field(default=1, ge=1,
+                                      description="Group slots changed per rollout step (small batches).")
+    held_out_resamples: int = Field(default=3, ge=1,
+                                    description="Independent resamples of the fitted traffic each candidate "
+                                                "is judged on (mean), none of them the one it was "
+                                                "planned on.")
+    horizon_periods: float = Field(default=2.0, gt=0,
+                                   description="Periods of traffic a candidate is judged over, its rollout "
+                                               "from the running placement included.")
+    price_transitions: bool = Field(default=True,
+                                    description="Judge each candidate through its rollout (loads, routes, "
+                                                "slowdown); false: as if already deployed.")
     transition: TransitionModel = Field(default_factory=TransitionModel,
-                                        description="Stand-in costs of a rollout step (loads, restarts, slowdown) where profiles have no measured load_s.")
+                                        description="Stand-in costs of a rollout step (loads, restarts, slowdown) "
+                                                    "where profiles have no measured load_s.")
     shift_detection: bool = Field(default=True, description="Decide early when a per-model rate shift is detected "
                                                             "(two-window rate test), at most once per cooldown_s.")
-    shift_window_s: float = Field(default=5.0, gt=0, description="Seconds of each of the two windows the shift test compares.")
-    shift_z: float = Field(default=4.0, gt=0, description="Standardised rate difference (Poisson z score) that counts as a shift.")
-    shift_min_ratio: float = Field(default=1.5, gt=1, description="Smallest rate ratio between the windows that counts as a shift.")
-    shift_min_requests: int = Field(default=20, ge=1, description="Requests both windows must hold together before the test judges.")
-    cooldown_s: float | None = Field(default=None, gt=0, description="Seconds after a decision before a shift may trigger "
-                                                                      "another; default: half a period.")
+    shift_window_s: float = Field(default=5.0, gt=0,
+                                  description="Seconds of each of the two windows the shift test compares.")
+    shift_z: float = Field(default=4.0, gt=0,
+                           description="Standardised rate difference (Poisson z score) that counts as a shift.")
+    shift_min_ratio: float = Field(default=1.5, gt=1,
+                                   description="Smallest rate ratio between the windows that counts as a shift.")
+    shift_min_requests: int = Field(default=20, ge=1,
+                                    description="Requests both windows must hold together before the test judges.")
+    cooldown_s: float | None = Field(default=None, gt=0,
+                                     description="Seconds after a decision before a shift may trigger "
+                                                  "another; default: half a period.")
     group_slots: int | None = Field(
         default=None, ge=1,
-        description="Group deployments the application keeps (each runs a device group or stands empty); default: cluster.num_devices.")
+        description="Group deployments the application keeps (each runs a device group or stands empty); default: "
+                    "cluster.num_devices.")
     history_size: int = Field(default=100, ge=1, description="Decisions kept for `GET /v1/placement/history`.")
-    stats_report_period_s: float = Field(default=1.0, gt=0, description="Seconds between the ingress's traffic reports to the controller.")
+    stats_report_period_s: float = Field(default=1.0, gt=0,
+                                         description="Seconds between the ingress's traffic reports to the controller.")
     num_cpus: float = Field(default=0.05, gt=0, description="Logical CPUs reserved by the controller replica.")
 
 
@@ -192,7 +222,8 @@ class DeploymentSpec(_Strict):
 
     controller: ControllerSpec | None = Field(
         default=None,
-        description="The live placement controller (rayserve_apps/control/controller.py); null: the placement stays as deployed.",
+        description="The live placement controller (rayserve_apps/control/controller.py); null: the placement stays as "
+                    "deployed.",
     )
 
     @field_validator("models")
@@ -226,7 +257,8 @@ class DeploymentSpec(_Strict):
             if not group.models:
                 raise ValueError(f"placement.groups.{index} hosts no model")
         if self.placement.num_devices > self.cluster.num_devices:
-            raise ValueError(f"placement uses {self.placement.num_devices} devices; cluster.num_devices is {self.cluster.num_devices}")
+            raise ValueError(f"placement uses {self.placement.num_devices} devices; cluster.num_devices is "
+                             f"{self.cluster.num_devices}")
         return self
 
     @model_validator(mode="after")
@@ -242,7 +274,8 @@ class DeploymentSpec(_Strict):
             raise ValueError("controller: the placement controller needs `planning.profiles` to simulate candidates")
         slots = self.controller.group_slots or self.cluster.num_devices
         if self.placement is not None and len(self.placement.groups) > slots:
-            raise ValueError(f"controller.group_slots={slots} is fewer than the placement's {len(self.placement.groups)} groups")
+            raise ValueError(f"controller.group_slots={slots} is fewer than the placement's "
+                             f"{len(self.placement.groups)} groups")
         return self
 
     def controller_enabled(self) -> bool:
@@ -251,7 +284,8 @@ class DeploymentSpec(_Strict):
     def polymorphing_models(self) -> list[str]:
         """Models served as Arlo runtimes in a deployment of their own: a polymorphing policy and in no group."""
         grouped = self.placement.models() if self.placement is not None else set()
-        return [m.name for m in self.models if m.name not in grouped and self.policy("polymorphing", m.name) is not None]
+        return [m.name for m in self.models
+                if m.name not in grouped and self.policy("polymorphing", m.name) is not None]
 
     def policy(self, role: str, model: str | None = None) -> PolicySpec | None:
         """The policy for `role`: the model's own if it names one, else the spec-wide one, else None."""

@@ -27,7 +27,8 @@ class GroupPlacement(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> "GroupPlacement":
         if self.config.num_devices != self.num_devices:
-            raise ValueError(f"num_devices={self.num_devices} but config {self.config.key()} uses {self.config.num_devices}")
+            raise ValueError(f"num_devices={self.num_devices} but config {self.config.key()} uses "
+                             f"{self.config.num_devices}")
         if len(set(self.models)) != len(self.models):
             raise ValueError(f"group hosts a model twice: {self.models}")
         return self
@@ -84,11 +85,12 @@ class Placement(BaseModel):
         for index, group in enumerate(self.groups):
             used = group.weight_bytes_per_device(profiles)
             if used > device_memory_bytes:
-                raise ValueError(f"groups.{index}: {used} weight bytes per device exceed device_memory_bytes={device_memory_bytes}")
+                raise ValueError(f"groups.{index}: {used} weight bytes per device exceed "
+                                 f"device_memory_bytes={device_memory_bytes}")
 
     def describe(self) -> str:
-        lines = [f"placement: {len(self.groups)} groups on {self.num_devices} devices, "
-                 f"predicted SLO attainment {self.predicted_slo_attainment if self.predicted_slo_attainment is not None else 'n/a'}"]
+        lines = [f"placement: {len(self.groups)} groups on {self.num_devices} devices, predicted SLO attainment "
+                 f"{self.predicted_slo_attainment if self.predicted_slo_attainment is not None else 'n/a'}"]
         for index, group in enumerate(self.groups):
             lines.append(f"  group {index}: {group.num_devices} devices, {group.config.key()}, "
                          f"{len(group.models)} models: {', '.join(group.models)}")

@@ -39,10 +39,12 @@ class StageProfile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     latency_s: LatencyTable = Field(description="Batch size -> seconds the stage takes for one batch.")
-    weight_bytes_per_device: int = Field(ge=0, description="Weight memory of this stage on each of its devices, in bytes.")
+    weight_bytes_per_device: int = Field(ge=0,
+                                         description="Weight memory of this stage on each of its devices, in bytes.")
 
     def latency(self, batch_size: int) -> float:
-        """Latency of one batch; between profiled sizes linear interpolation, beyond the largest linear extrapolation."""
+        """Latency of one batch; between profiled sizes linear interpolation, beyond the largest linear
+        extrapolation."""
         return table_latency_s(self.latency_s, batch_size, beyond="last_slope")
 
 
@@ -55,8 +57,8 @@ class ConfigProfile(BaseModel):
     stages: list[StageProfile] = Field(min_length=1)
     load_s: float | None = Field(
         default=None, ge=0,
-        description="Seconds to load this model's weights onto a group of this configuration and serve its first request "
-                    "(measured; null: not measured, the controller's transition model uses its stand-in).")
+        description="Seconds to load this model's weights onto a group of this configuration and serve its first "
+                    "request (measured; null: not measured, the controller's transition model uses its stand-in).")
     plan: dict[str, Any] | None = Field(
         default=None, description="The plan `python -m parallel configs` chose for this configuration (stage layer "
                                   "boundaries, shard layout), as `parallel.plan.ParallelPlan` JSON; opaque here: the "
@@ -112,7 +114,8 @@ class ProfileSet(BaseModel):
     source: Literal["measured", "paper-reproduction", "synthetic"] = Field(
         description="'measured' on a real device, 'paper-reproduction' from a paper's tables, 'synthetic' for tests."
     )
-    device: str = Field(description="The device the figures describe, e.g. 'cpu: 1 thread' or 'V100 (AlpaServe Table 1)'.")
+    device: str = Field(description="The device the figures describe, e.g. 'cpu: 1 thread' or 'V100 (AlpaServe Table "
+                                    "1)'.")
     models: dict[str, ModelProfile] = Field(default_factory=dict)
 
     def merge(self, other: "ProfileSet") -> "ProfileSet":

@@ -71,7 +71,8 @@ def load_maf2019(path: str | Path) -> Trace:
             if min(counts) < 0:
                 raise ValueError(f"{path}:{line}: negative count")
             rows.append(counts)
-    return Trace("maf2019", functions, minutes * SECONDS_PER_MINUTE, counts_per_minute=np.asarray(rows, dtype=np.int64).reshape(len(rows), minutes))
+    return Trace("maf2019", functions, minutes * SECONDS_PER_MINUTE,
+                 counts_per_minute=np.asarray(rows, dtype=np.int64).reshape(len(rows), minutes))
 
 
 def load_maf2021(path: str | Path) -> Trace:
@@ -134,7 +135,8 @@ class FittedTrace:
         model = np.concatenate(models) if models else np.empty(0, dtype=np.int64)
         order = np.argsort(arrival, kind="stable")
         slo = np.asarray(slo_s, dtype=float)
-        return Workload(self.model_names, arrival[order], model[order], slo[model[order]] if len(model) else np.empty(0))
+        return Workload(self.model_names, arrival[order], model[order],
+                        slo[model[order]] if len(model) else np.empty(0))
 
 
 def function_to_model(num_functions: int, num_models: int) -> np.ndarray:
@@ -191,7 +193,8 @@ def fit_gamma_windows(trace: Trace, model_names: Sequence[str], window_s: float)
     return FittedTrace(names, window_s, rates, cvs)
 
 
-def fit_arrivals(model_names: Sequence[str], arrival_s: Sequence[np.ndarray], window_s: float, duration_s: float) -> FittedTrace:
+def fit_arrivals(model_names: Sequence[str], arrival_s: Sequence[np.ndarray], window_s: float,
+                 duration_s: float) -> FittedTrace:
     """Fit rate and CV per (model, window) from observed arrival times (seconds from the start of the observation),
     as `fit_gamma_windows` does for a MAF 2021 trace: the live controller's view of its own traffic."""
     if window_s <= 0 or duration_s <= 0:

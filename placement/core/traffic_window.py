@@ -120,14 +120,15 @@ class RateShift:
         return asdict(self)
 
 
-def detect_rate_shifts(window: TrafficWindow, now_s: float, model_names: Sequence[str], window_s: float, z_threshold: float,
-                       min_ratio: float, min_requests: int) -> list[RateShift]:
+def detect_rate_shifts(window: TrafficWindow, now_s: float, model_names: Sequence[str], window_s: float,
+                       z_threshold: float, min_ratio: float, min_requests: int) -> list[RateShift]:
     """Two-window rate test (a plexserve addition to react within a period): per model, the request counts n1 in
     [now - 2w, now - w) and n2 in [now - w, now). Under an unchanged Poisson rate, (n2 - n1) / sqrt(n1 + n2) is about
     standard normal; a shift is |z| >= z_threshold with a rate ratio of at least `min_ratio` and n1 + n2 >=
     `min_requests` (a count test on too few requests is noise)."""
     if window_s <= 0 or 2 * window_s > window.window_s:
-        raise ValueError(f"window_s={window_s}: must be > 0 and two windows must fit the traffic window ({window.window_s} s)")
+        raise ValueError(f"window_s={window_s}: must be > 0 and two windows must fit the traffic window "
+                         f"({window.window_s} s)")
     counts = {name: [0, 0] for name in model_names}
     for record in window._recent(now_s):
         if record.model in counts and record.arrival_s >= now_s - 2 * window_s:

@@ -29,13 +29,17 @@ class TransitionModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     load_bandwidth_bytes_per_s: float = Field(default=DEFAULT_LOAD_BANDWIDTH_BYTES_PER_S, gt=0,
-                                              description="Per-device weight loading bandwidth where a profile has no load_s, bytes/s.")
+                                              description="Per-device weight loading bandwidth where a profile has no "
+                                                          "load_s, bytes/s.")
     replica_start_s: float = Field(default=DEFAULT_REPLICA_START_S, ge=0,
-                                   description="Seconds to start a replica on new devices (start / replace), before loading.")
+                                   description="Seconds to start a replica on new devices (start / replace), before "
+                                               "loading.")
     step_overhead_s: float = Field(default=DEFAULT_STEP_OVERHEAD_S, ge=0,
-                                   description="Seconds of each rollout step besides loading (config updates, routing).")
+                                   description="Seconds of each rollout step besides loading (config updates, "
+                                               "routing).")
     loading_slowdown: float = Field(default=DEFAULT_LOADING_SLOWDOWN, ge=1,
-                                    description="Factor by which every latency grows while a step loads (shared devices).")
+                                    description="Factor by which every latency grows while a step loads (shared "
+                                                "devices).")
 
     def load_s(self, profiles: ProfileSet, model: str, group: GroupPlacement) -> float:
         """Seconds to load `model` on `group`: the profile's measured load_s, or weight bytes / bandwidth."""

@@ -1,8 +1,8 @@
 """Workloads: request arrivals for many models, with per-request SLO, input length, task and utility.
 
 A :class:`Workload` is plain arrays sorted by arrival time, the form the simulator consumes. Arrival processes
-(:mod:`placement.core.arrivals`) draw arrival times; popularity (uniform or power law, AlpaServe §6.3 uses exponent 0.5) splits a total rate over
-models; length distributions draw per-request input lengths for the length-aware policies.
+(:mod:`placement.core.arrivals`) draw arrival times; popularity (uniform or power law, AlpaServe §6.3 uses exponent 0.5)
+splits a total rate over models; length distributions draw per-request input lengths for the length-aware policies.
 """
 
 from __future__ import annotations
@@ -131,7 +131,8 @@ class Workload:
     def with_slo_scale(self, single_latency_s: Sequence[float], scale: float) -> "Workload":
         """SLO of every request = scale x its model's single-device latency (AlpaServe §6.2 'SLO scale')."""
         slo = np.asarray(single_latency_s, dtype=float)[self.model] * scale
-        return Workload(self.model_names, self.arrival_s, self.model, slo, self.input_length_tokens, self.task, self.utility)
+        return Workload(self.model_names, self.arrival_s, self.model, slo, self.input_length_tokens, self.task,
+                        self.utility)
 
     @staticmethod
     def merge(parts: Sequence["Workload"]) -> "Workload":

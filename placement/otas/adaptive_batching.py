@@ -65,10 +65,14 @@ class AdaptiveBatchingParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    delta_s: float = Field(default=0.5, gt=0, description="OTAS Alg. 1 delta: longest wait of a batch's first query before the batch closes, in seconds.")
+    delta_s: float = Field(default=0.5, gt=0,
+                           description="OTAS Alg. 1 delta: longest wait of a batch's first query before the batch "
+                                       "closes, in seconds.")
     epsilon: int = Field(default=64, ge=1, description="OTAS Alg. 1 epsilon: largest batch size.")
-    eta_s: float = Field(default=0.5, ge=0, description="OTAS Alg. 1 eta: largest deadline difference within a batch, in seconds.")
-    mu: float = Field(default=0.8, ge=0, description="OTAS Alg. 1 mu: largest utility difference to the batch's first query.")
+    eta_s: float = Field(default=0.5, ge=0,
+                         description="OTAS Alg. 1 eta: largest deadline difference within a batch, in seconds.")
+    mu: float = Field(default=0.8, ge=0,
+                      description="OTAS Alg. 1 mu: largest utility difference to the batch's first query.")
 
 
 def parse_batching_params(params: dict[str, Any]) -> AdaptiveBatchingParams:

@@ -26,7 +26,8 @@ class FixedGammaAllocator:
         self.profile = profile
         self.gamma = gamma
 
-    def allocate(self, batches: Sequence[OtasBatch], now_s: float, rate_rps: float, since_start_s: float) -> AllocationPlan:
+    def allocate(self, batches: Sequence[OtasBatch], now_s: float, rate_rps: float,
+                 since_start_s: float) -> AllocationPlan:
         order = sorted(batches, key=lambda b: b.deadline_s)
         return AllocationPlan(order, [self.gamma] * len(order), 0.0, "fixed")
 
@@ -42,14 +43,16 @@ class ModelSwitchingAllocator:
         if not variant_gammas:
             raise ValueError("variant_gammas must name at least one variant")
         self.profile = profile
-        self.rate_to_gamma = RateToGamma.from_profile(profile.model_copy(update={"gamma_list": sorted(variant_gammas)}), batch_cap)
+        self.rate_to_gamma = RateToGamma.from_profile(profile.model_copy(update={"gamma_list": sorted(variant_gammas)}),
+                                                      batch_cap)
         self.switch_delay_s = switch_delay_s
         self.min_dwell_s = min_dwell_s  # hysteresis: no switch within this time of the last one
         self.current = max(variant_gammas)
         self.last_switch_s = float("-inf")
         self.switches = 0
 
-    def allocate(self, batches: Sequence[OtasBatch], now_s: float, rate_rps: float, since_start_s: float) -> AllocationPlan:
+    def allocate(self, batches: Sequence[OtasBatch], now_s: float, rate_rps: float,
+                 since_start_s: float) -> AllocationPlan:
         wanted = self.rate_to_gamma(rate_rps)
         setup_s = 0.0
         if wanted != self.current and now_s - self.last_switch_s >= self.min_dwell_s:

@@ -26,11 +26,14 @@ class OtasProfile(BaseModel):
 
     source: str = Field(description="What was profiled (artefact directory, data split).")
     device: str = Field(description="The device the latencies were measured on.")
-    gamma_list: list[int] = Field(min_length=1, description="The configured gammas (tokens per layer: <0 merge, >0 prompts).")
+    gamma_list: list[int] = Field(min_length=1,
+                                  description="The configured gammas (tokens per layer: <0 merge, >0 prompts).")
     batch_sizes: list[int] = Field(min_length=1, description="Measured batch sizes, ascending.")
-    latency_s: dict[int, LatencyTable] = Field(description="gamma -> batch size -> forward latency of one batch, in seconds.")
+    latency_s: dict[int, LatencyTable] = Field(description="gamma -> batch size -> forward latency of one batch, in "
+                                                           "seconds.")
     accuracy: dict[str, dict[int, float]] = Field(description="task id -> gamma -> held-out accuracy in [0, 1].")
-    model_load_s: float | None = Field(default=None, ge=0, description="Measured time to load the model weights from disk, in seconds.")
+    model_load_s: float | None = Field(default=None, ge=0,
+                                       description="Measured time to load the model weights from disk, in seconds.")
 
     @model_validator(mode="after")
     def _complete(self) -> "OtasProfile":

@@ -118,7 +118,8 @@ class OtasScheduler:
             if finish_s > request.deadline_s:
                 self.ledger.record(request, "late")
             elif correct is not None:
-                self.ledger.record(request, "correct" if correct[i] else "wrong", request.utility if correct[i] else 0.0)
+                self.ledger.record(request, "correct" if correct[i] else "wrong",
+                                   request.utility if correct[i] else 0.0)
             else:
                 accuracy = expected_accuracy[i] if expected_accuracy is not None else 1.0
                 self.ledger.record(request, "in_time", request.utility * accuracy)

@@ -58,7 +58,8 @@ def fluctuating_rates(duration_s: int, low_rps: float, high_rps: float, seed: in
     return [rng.uniform(low_rps, high_rps) for _ in range(duration_s)]
 
 
-def bursty_rates(duration_s: int, base_rps: float, burst_rps: float, burst_probability: float, seed: int) -> list[float]:
+def bursty_rates(duration_s: int, base_rps: float, burst_rps: float, burst_probability: float,
+                 seed: int) -> list[float]:
     """Mostly `base_rps` with jitter, and bursts of `burst_rps` in a `burst_probability` share of the seconds."""
     rng = random.Random(seed)
     rates = []
@@ -102,7 +103,8 @@ def simulate(trace: list[TraceQuery], scheduler: OtasScheduler, profile: OtasPro
     while True:
         while index < len(trace) and trace[index].arrival_s <= now:
             query = trace[index]
-            scheduler.submit(OtasRequest(query.query_type.task_id, query.arrival_s, query.arrival_s + query.query_type.slo_s,
+            scheduler.submit(OtasRequest(query.query_type.task_id, query.arrival_s,
+                                         query.arrival_s + query.query_type.slo_s,
                                          query.query_type.utility, payload=query))
             index += 1
         if busy_until <= now:
@@ -111,7 +113,8 @@ def simulate(trace: list[TraceQuery], scheduler: OtasScheduler, profile: OtasPro
                 batch = dispatch.batch
                 finish = now + dispatch.setup_s + profile.batch_latency_s(dispatch.gamma, len(batch))
                 if grade is None:
-                    correct = [r.payload.draw < profile.task_accuracy(r.task_id, dispatch.gamma) for r in batch.requests]
+                    correct = [r.payload.draw < profile.task_accuracy(r.task_id, dispatch.gamma)
+                               for r in batch.requests]
                 else:
                     correct = [bool(grade(r.payload, r.task_id, dispatch.gamma)) for r in batch.requests]
                 scheduler.complete(dispatch, finish, correct)

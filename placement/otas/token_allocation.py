@@ -135,7 +135,8 @@ class RateToGamma:
     @classmethod
     def from_profile(cls, profile: OtasProfile, batch_size: int) -> "RateToGamma":
         size = min(batch_size, profile.batch_sizes[-1])
-        rates = [(g, RATE_MAP_HEADROOM * profile.throughput_rps(g, size)) for g in sorted(profile.gamma_list, reverse=True)]
+        rates = [(g, RATE_MAP_HEADROOM * profile.throughput_rps(g, size))
+                 for g in sorted(profile.gamma_list, reverse=True)]
         return cls(rates)
 
     def __call__(self, rate_rps: float) -> int:
@@ -172,12 +173,20 @@ class TokenAllocationParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     gamma_list: list[int] = Field(default_factory=lambda: [-16, -12, -8, -4, 0, 2, 4, 8], min_length=1,
-                                  description="OTAS L^(gamma): the selectable gammas (tokens per layer: <0 merged, >0 prompts).")
-    beta: int = Field(default=5, ge=0, description="OTAS Alg. 2 beta: at most this many batches in the queue -> Alg. 3.")
-    kappa: float = Field(default=0.8, ge=0, description="OTAS Alg. 3 kappa: mean utility above which a batch gets max(L).")
-    initial_stage_s: float = Field(default=2.0, ge=0, description="OTAS Alg. 2 initial stage: Alg. 3 during the first seconds of service, in seconds.")
-    rate_window_s: float = Field(default=1.0, gt=0, description="Window over which the arrival rate q is measured, in seconds.")
-    max_labels_per_cell: int | None = Field(default=32, ge=1, description="Pareto labels kept per DP cell (1 = the paper's Alg. 2; None = exact).")
+                                  description="OTAS L^(gamma): the selectable gammas (tokens per layer: <0 merged, >0 "
+                                              "prompts).")
+    beta: int = Field(default=5, ge=0,
+                      description="OTAS Alg. 2 beta: at most this many batches in the queue -> Alg. 3.")
+    kappa: float = Field(default=0.8, ge=0,
+                         description="OTAS Alg. 3 kappa: mean utility above which a batch gets max(L).")
+    initial_stage_s: float = Field(default=2.0, ge=0,
+                                   description="OTAS Alg. 2 initial stage: Alg. 3 during the first seconds of service, "
+                                               "in seconds.")
+    rate_window_s: float = Field(default=1.0, gt=0,
+                                 description="Window over which the arrival rate q is measured, in seconds.")
+    max_labels_per_cell: int | None = Field(default=32, ge=1,
+                                            description="Pareto labels kept per DP cell (1 = the paper's Alg. 2; None "
+                                                        "= exact).")
 
     @classmethod
     def paper(cls, **overrides: Any) -> "TokenAllocationParams":
@@ -213,7 +222,8 @@ class ArrivalRateEstimator:
 
 
 class TokenAllocator(Protocol):
-    def allocate(self, batches: Sequence[OtasBatch], now_s: float, rate_rps: float, since_start_s: float) -> AllocationPlan: ...
+    def allocate(self, batches: Sequence[OtasBatch], now_s: float, rate_rps: float,
+                 since_start_s: float) -> AllocationPlan: ...
 
     def min_latency_s(self, batch_size: int) -> float: ...
 
@@ -231,7 +241,8 @@ class OtasTokenAllocator:
         self.rate_to_gamma = RateToGamma.from_profile(
             profile.model_copy(update={"gamma_list": list(params.gamma_list)}), batch_cap)
 
-    def allocate(self, batches: Sequence[OtasBatch], now_s: float, rate_rps: float, since_start_s: float) -> AllocationPlan:
+    def allocate(self, batches: Sequence[OtasBatch], now_s: float, rate_rps: float,
+                 since_start_s: float) -> AllocationPlan:
         p = self.params
         if len(batches) <= p.beta or since_start_s < p.initial_stage_s:  # Alg. 2 line 2
             return allocate_by_load(batches, now_s, p.gamma_list, self.estimate, rate_rps, self.rate_to_gamma, p.kappa)

@@ -87,12 +87,24 @@ class BatchingParams(BaseModel):
 
     row_length_tokens: int = Field(default=128, ge=1, description="L: most tokens of one batch row (TCB §5.1).")
     num_rows: int = Field(default=8, ge=1, le=4096, description="B: rows of one batch (TCB §5.1).")
-    eta: float = Field(default=0.5, gt=0, lt=1, description="DAS: share of the s_tk requests that fill a row taken as the utility-dominant set (TCB Alg. 1).")
-    q: float = Field(default=0.5, gt=0, lt=1, description="DAS: deadline-aware set keeps requests of utility >= q * mean utility of the utility-dominant set; eta + q = 1 (TCB §5.2).")
-    slot_size_tokens: int | None = Field(default=None, ge=1, description="Fixed slot size z for slotted batching; for slotted_das, None lets Alg. 2 choose z per batch.")
-    slot_granularity_tokens: int = Field(default=8, ge=1, description="slotted_das rounds its slot size up to a multiple of this (fewer distinct shapes).")
-    backfill_slots: bool = Field(default=True, description="slotted_das: fill room left in the slots with other waiting requests (plexserve's addition to TCB Alg. 2).")
-    start_allowance_ms: float = Field(default=0.0, ge=0, description="Drop a request unless it can start this long before its deadline, in milliseconds.")
+    eta: float = Field(default=0.5, gt=0, lt=1,
+                       description="DAS: share of the s_tk requests that fill a row taken as the utility-dominant set "
+                                   "(TCB Alg. 1).")
+    q: float = Field(default=0.5, gt=0, lt=1,
+                     description="DAS: deadline-aware set keeps requests of utility >= q * mean utility of the "
+                                 "utility-dominant set; eta + q = 1 (TCB §5.2).")
+    slot_size_tokens: int | None = Field(default=None, ge=1,
+                                         description="Fixed slot size z for slotted batching; for slotted_das, None "
+                                                     "lets Alg. 2 choose z per batch.")
+    slot_granularity_tokens: int = Field(default=8, ge=1,
+                                         description="slotted_das rounds its slot size up to a multiple of this (fewer "
+                                                     "distinct shapes).")
+    backfill_slots: bool = Field(default=True,
+                                 description="slotted_das: fill room left in the slots with other waiting requests "
+                                             "(plexserve's addition to TCB Alg. 2).")
+    start_allowance_ms: float = Field(default=0.0, ge=0,
+                                      description="Drop a request unless it can start this long before its deadline, "
+                                                  "in milliseconds.")
 
     @classmethod
     def paper(cls, **overrides: Any) -> "BatchingParams":
@@ -107,7 +119,8 @@ class BatchingParams(BaseModel):
         if abs(self.eta + self.q - 1.0) > ETA_Q_TOLERANCE:
             raise ValueError(f"q: eta + q must equal 1 (TCB §5.2), got eta={self.eta} q={self.q}")
         if self.slot_size_tokens is not None and self.slot_size_tokens > self.row_length_tokens:
-            raise ValueError(f"slot_size_tokens: {self.slot_size_tokens} is more than row_length_tokens={self.row_length_tokens}")
+            raise ValueError(f"slot_size_tokens: {self.slot_size_tokens} is more than "
+                             f"row_length_tokens={self.row_length_tokens}")
         return self
 
 
@@ -131,7 +144,8 @@ class BatchScheduler:
         if request.length_tokens < 1:
             raise ValueError(f"request {request.request_id!r} is empty")
         if request.length_tokens > limit:
-            raise ValueError(f"request {request.request_id!r} has {request.length_tokens} tokens, more than {name}={limit}")
+            raise ValueError(f"request {request.request_id!r} has {request.length_tokens} tokens, more than "
+                             f"{name}={limit}")
 
     def form_batch(self, now_s: float, queue: Sequence[TextRequest]) -> BatchDecision:
         """The batch to run at `now_s` from the waiting `queue` (TCB §5.2: invoked at the start of each time slot)."""

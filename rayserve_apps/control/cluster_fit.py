@@ -23,7 +23,8 @@ def free_devices_per_node(device_resource: str) -> dict[str, float]:
     return {node["NodeID"]: node["Resources"].get(device_resource, 0.0) for node in ray.nodes() if node.get("Alive")}
 
 
-def check_placement_fits(spec: DeploymentSpec, demands: list[float], nodes: dict[str, float] | None = None) -> dict[int, str]:
+def check_placement_fits(spec: DeploymentSpec, demands: list[float],
+                         nodes: dict[str, float] | None = None) -> dict[int, str]:
     """Map each group (needing `demands[i]` of the device resource) to a node, or raise ValueError; without a Ray
     connection (and no `nodes`), skip the check."""
     assert spec.placement is not None

@@ -8,9 +8,9 @@ Group placement (an application with a placement; AlpaServe §4.2). Every period
 2. asks `placement.alpaserve.replanning.ReplanPolicy` to keep or move: fit rate and CV per model, resample, simulate the
    running placement, a rehost on the running groups and a full AlpaServe re-plan (§4.2), and move only for a
    predicted attainment gain of at least `min_gain`,
-3. rolls a move out in small steps (`placement.alpaserve.placement_rollout.plan_rollout`), each as three declarative Serve config
-   updates (`live_update.py`): the ingress stops routing to what the step changes, the changed slots are
-   reconfigured or replaced (other deployments untouched), the ingress routes to the new layout,
+3. rolls a move out in small steps (`placement.alpaserve.placement_rollout.plan_rollout`), each as three
+   declarative Serve config updates (`live_update.py`): the ingress stops routing to what the step changes, the
+   changed slots are reconfigured or replaced (other deployments untouched), the ingress routes to the new layout,
 4. writes the decision to the decision log (`decision_log.py`).
 Between two periods a two-window rate test on the reported traffic (`detect_rate_shifts`) may trigger the decision
 early (trigger 'shift' in the log), at most once per `cooldown_s` after the last decision.
@@ -67,7 +67,8 @@ def _base_dir(spec: DeploymentSpec) -> Path:
     return Path.cwd()
 
 
-def layout_from_overrides(spec: DeploymentSpec, overrides: list[dict[str, Any]], num_slots: int) -> tuple[SlotLayout, list[int], int, list[list[str]]] | None:
+def layout_from_overrides(spec: DeploymentSpec, overrides: list[dict[str, Any]],
+                          num_slots: int) -> tuple[SlotLayout, list[int], int, list[list[str]]] | None:
     """The running slots, their versions, the ingress's version and routes, read back from deployed overrides."""
     by_name = {o["name"]: o for o in overrides}
     if INGRESS_DEPLOYMENT not in by_name or any(group_deployment_name(i) not in by_name for i in range(num_slots)):
@@ -80,7 +81,8 @@ def layout_from_overrides(spec: DeploymentSpec, overrides: list[dict[str, Any]],
         if not user_config.get("config"):
             slots.append(None)
             continue
-        slots.append(GroupPlacement(num_devices=user_config["num_devices"], config=ParallelConfig.model_validate(user_config["config"]),
+        slots.append(GroupPlacement(num_devices=user_config["num_devices"],
+                                    config=ParallelConfig.model_validate(user_config["config"]),
                                     models=[m["name"] for m in user_config["models"]]))
     ingress = by_name[INGRESS_DEPLOYMENT]["user_config"]
     return SlotLayout(slots=slots), versions, int(ingress.get("placement_version", 0)), ingress.get("routes", [])
@@ -121,7 +123,8 @@ class PlacementController:
         self.paused = False
         self._lock = asyncio.Lock()
         self._loop_task = asyncio.get_running_loop().create_task(self._loop())
-        logger.info("placement controller: %d models in %d group slots, %d polymorphing models, period %.0f s, version %d%s",
+        logger.info("placement controller: %d models in %d group slots, %d polymorphing models, period %.0f s, "
+                    "version %d%s",
                     len(self.models), len(self.layout.slots), len(self.runtimes.models), self.settings.period_s,
                     self.version, " (state read back from Serve)" if self.recovered else "")
 
@@ -132,7 +135,8 @@ class PlacementController:
         try:
             overrides = deployed_overrides(self.app_name)
         except RuntimeError as error:
-            logger.warning("placement controller: cannot read the deployed config (%s); assuming the builder's layout", error)
+            logger.warning("placement controller: cannot read the deployed config (%s); assuming the builder's layout",
+                           error)
             return False
         adopted = self.runtimes.read_back(overrides)
         state = layout_from_overrides(self.spec, overrides, len(self.layout.slots)) if self.groups_enabled else None
@@ -175,7 +179,8 @@ class PlacementController:
             await self._wait_for_period_or_shift()
             if self.paused:
                 continue
-            for enabled, decide in ((self.groups_enabled, self.replan_now), (bool(self.runtimes.models), self.reallocate_runtimes)):
+            for enabled, decide in ((self.groups_enabled, self.replan_now),
+                                    (bool(self.runtimes.models), self.reallocate_runtimes)):
                 if not enabled:
                     continue
                 try:
@@ -252,7 +257,8 @@ class PlacementController:
         self.last_group_decision_s = now
         traffic = self.window.observed(now, self.models, self.slo_s)
         observed = {name: {"requests": s.requests, "answered": s.answered, "slo_met": s.slo_met, "rejected": s.rejected,
-                           "failed": s.failed, "attainment": s.attainment} for name, s in self.window.stats(now).items()}
+                           "failed": s.failed, "attainment": s.attainment}
+                    for name, s in self.window.stats(now).items()}
         current = self.layout.placement()
         decision = await asyncio.to_thread(self.policy.decide, current, traffic)
         entry: dict[str, Any] = {"observed": observed, "reason": decision.reason, "chosen": decision.chosen,
@@ -303,7 +309,8 @@ class PlacementController:
                    pending: dict[str, AllocationDecision | ScalingUpdate] | None = None) -> list[dict[str, Any]]:
         """Every override the application runs with: group slots and ingress (with a placement), runtime allocations
         (the `pending` decisions instead of the running allocations of their models)."""
-        groups = layout_overrides(self.spec, layout, routes, self.slot_versions, self.version) if self.groups_enabled else []
+        groups = (layout_overrides(self.spec, layout, routes, self.slot_versions, self.version) if self.groups_enabled
+                  else [])
         return groups + self.runtimes.overrides(pending)
 
     # ---- rollout (runs in a thread: Serve's config API and handles' .result() block) ----
@@ -320,7 +327,8 @@ class PlacementController:
 
     async def _finish_interrupted_step(self) -> dict[str, Any]:
         await asyncio.to_thread(self._deploy, self.layout, self.layout.routes(), [])
-        return {"outcome": "applied", "diff": [], "reason": "finished a rollout step interrupted by a controller restart"}
+        return {"outcome": "applied", "diff": [],
+                "reason": "finished a rollout step interrupted by a controller restart"}
 
     def _deploy(self, layout: SlotLayout, routes: list[list[str]], changed: list[int]) -> None:
         self.version += 1
@@ -334,12 +342,13 @@ class PlacementController:
         """Until the ingress routes by the new version and every changed slot runs it (Serve's application status
         can still read RUNNING from before an update has begun)."""
         ingress = serve.get_deployment_handle(INGRESS_DEPLOYMENT, app_name=self.app_name)
-        groups = {slot: serve.get_deployment_handle(group_deployment_name(slot), app_name=self.app_name) for slot in changed}
+        groups = {slot: serve.get_deployment_handle(group_deployment_name(slot), app_name=self.app_name)
+                  for slot in changed}
         deadline = time.monotonic() + STEP_TIMEOUT_S
         while time.monotonic() < deadline:
             done = ingress.placement_version.remote().result(timeout_s=STEP_TIMEOUT_S) >= self.version
-            done = done and all(g.info.remote().result(timeout_s=STEP_TIMEOUT_S)["placement_version"] >= self.slot_versions[s]
-                                for s, g in groups.items())
+            done = done and all(g.info.remote().result(timeout_s=STEP_TIMEOUT_S)["placement_version"]
+                                >= self.slot_versions[s] for s, g in groups.items())
             if done:
                 return
             time.sleep(STEP_POLL_S)
@@ -347,4 +356,5 @@ class PlacementController:
 
 
 def _describe(placement: Placement) -> list[dict[str, Any]]:
-    return [{"num_devices": g.num_devices, "config": g.config.key(), "models": sorted(g.models)} for g in placement.groups]
+    return [{"num_devices": g.num_devices, "config": g.config.key(), "models": sorted(g.models)}
+            for g in placement.groups]

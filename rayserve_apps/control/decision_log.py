@@ -48,7 +48,8 @@ class DecisionLog:
         from ray.experimental.internal_kv import _internal_kv_initialized, _internal_kv_put
 
         if _internal_kv_initialized():
-            _internal_kv_put(_kv_key(self.app_name), json.dumps(self.entries).encode(), overwrite=True, namespace=KV_NAMESPACE)
+            _internal_kv_put(_kv_key(self.app_name), json.dumps(self.entries).encode(), overwrite=True,
+                             namespace=KV_NAMESPACE)
 
     @property
     def next_id(self) -> int:

@@ -3,17 +3,18 @@
 A text model served with `policies.polymorphing: {name: arlo}` outside any group is one deployment `model-<name>`
 whose replicas run static-shape runtimes; its user_config maps replica rank -> runtime max length
 (`PolymorphAssignmentParams`). Every controller period, `RuntimeAllocations.decide` hands each such model's
-`placement.arlo.live_allocator.LiveRuntimeAllocator` the input lengths the ingress reported over the model's last allocation
-period (Arlo §5: 120 s, `allocation_period_s`); once per period the allocator re-solves Eq. 1-7 for the model's
-current number of replicas and returns the fewest ranks to switch. The controller applies a changed allocation as the
-deployment's override (`num_replicas`, `user_config`) in the application's Serve config (`overrides`): Serve calls
-`reconfigure` on the running replicas, which build their new runtime before swapping it in, so no request is dropped.
+`placement.arlo.live_allocator.LiveRuntimeAllocator` the input lengths the ingress reported over the model's last
+allocation period (Arlo §5: 120 s, `allocation_period_s`); once per period the allocator re-solves Eq. 1-7 for the
+model's current number of replicas and returns the fewest ranks to switch. The controller applies a changed allocation
+as the deployment's override (`num_replicas`, `user_config`) in the application's Serve config (`overrides`): Serve
+calls `reconfigure` on the running replicas, which build their new runtime before swapping it in, so no request is
+dropped.
 
 With `autoscaling` in the policy params, `scale` also applies Arlo's target tracking (§4) every controller period:
 one more replica with the longest runtime when the p98 latency of the requests answered since the last check
 reaches 95% of the SLO, one fewer when it stays under 50% for `scale_in_period_s`
-(`placement.arlo.autoscaling.TargetTrackingAutoscaler`, `placement.arlo.live_allocator.apply_scaling`); the allocator then
-re-solves Eq. 1-7 for the new replica count at its next period.
+(`placement.arlo.autoscaling.TargetTrackingAutoscaler`, `placement.arlo.live_allocator.apply_scaling`); the allocator
+then re-solves Eq. 1-7 for the new replica count at its next period.
 
 The running allocation lives in Serve's config, not here: after a controller restart `read_back` adopts it.
 """
@@ -49,7 +50,8 @@ class ScalingUpdate(BaseModel):
     p98_s: float = Field(description="p98 latency of the requests answered since the last check, in seconds.")
     previous_num_replicas: int = Field(description="Replicas before the action.")
     num_replicas: int = Field(description="Serve num_replicas after the action.")
-    user_config: dict[str, Any] = Field(description="Serve user_config: PolymorphAssignmentParams as JSON (assignment, version).")
+    user_config: dict[str, Any] = Field(description="Serve user_config: PolymorphAssignmentParams as JSON (assignment, "
+                                                    "version).")
 
 
 class RuntimeAllocations:
@@ -71,7 +73,8 @@ class RuntimeAllocations:
             num_replicas, user_config = allocation_update({}, counts, version=0)  # what the app builder deploys
             self.running[name] = PolymorphAssignmentParams.model_validate(user_config)
             self.allocators[name] = LiveRuntimeAllocator.from_policy_params(
-                policy.model_dump(), slo_s=spec.model(name).slo_ms / 1000.0, num_instances=num_replicas, model=name, start_s=start_s)
+                policy.model_dump(), slo_s=spec.model(name).slo_ms / 1000.0, num_instances=num_replicas, model=name,
+                start_s=start_s)
         #: Seconds of request records the controller keeps for the allocators (their longest period).
         self.window_s = max((a.period_s for a in self.allocators.values()), default=0.0)
 
@@ -95,11 +98,14 @@ class RuntimeAllocations:
     def overrides(self, pending: dict[str, AllocationDecision | ScalingUpdate] | None = None) -> list[dict[str, Any]]:
         """`deployments:` overrides that run the current allocations, or the `pending` ones for the models they name
         (written with every config apply)."""
-        configs = {**self.running, **{name: PolymorphAssignmentParams.model_validate(d.user_config) for name, d in (pending or {}).items()}}
+        configs = {**self.running,
+                   **{name: PolymorphAssignmentParams.model_validate(d.user_config)
+                      for name, d in (pending or {}).items()}}
         return [{"name": model_deployment_name(name), "num_replicas": len(config.assignment),
                  "user_config": config.model_dump(mode="json")} for name, config in configs.items()]
 
-    def decide(self, now_s: float, records: Iterable[RequestRecord], observed_s: float) -> dict[str, AllocationDecision]:
+    def decide(self, now_s: float, records: Iterable[RequestRecord],
+               observed_s: float) -> dict[str, AllocationDecision]:
         """The allocators' decisions due now (each once per its period), from `records` covering the last
         `observed_s` seconds; the running allocations are not changed until `commit`."""
         records = list(records)
@@ -137,7 +143,8 @@ class RuntimeAllocations:
             updates[name] = ScalingUpdate(
                 action=decision.action, p98_s=decision.p98_s or 0.0, previous_num_replicas=len(running.assignment),
                 num_replicas=len(assignment),
-                user_config=PolymorphAssignmentParams(assignment=assignment, version=running.version + 1).model_dump(mode="json"))
+                user_config=PolymorphAssignmentParams(assignment=assignment,
+                                                      version=running.version + 1).model_dump(mode="json"))
         return updates
 
     def commit(self, decisions: dict[str, AllocationDecision | ScalingUpdate]) -> None:

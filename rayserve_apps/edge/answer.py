@@ -45,13 +45,15 @@ async def guarded(work: Awaitable[Any]) -> Response:
         headers = {"Retry-After": str(RETRY_AFTER_S)} if error.status_code == 503 else None
         return error_response(error, headers)
     except BackPressureError as error:  # the model's queue is full: shed load, never hang
-        return error_response(RequestError(503, "overloaded", f"the model's replicas are saturated; retry later ({error})"),
+        return error_response(RequestError(503, "overloaded",
+                                           f"the model's replicas are saturated; retry later ({error})"),
                               {"Retry-After": str(RETRY_AFTER_S)})
     except ValueError as error:  # a replica's own check (e.g. a handle caller's bad ids) surfaced here
         return error_response(RequestError(422, "invalid_input", str(error)))
     except Exception as error:  # noqa: BLE001 - a failed replica must not become a 500 without a body
         logger.exception("request failed in a model replica")
-        body = {"error": {"type": "replica_failure", "message": f"{type(error).__name__}: the model replica failed; retry", "field": None}}
+        body = {"error": {"type": "replica_failure",
+                          "message": f"{type(error).__name__}: the model replica failed; retry", "field": None}}
         return JSONResponse(body, status_code=REPLICA_FAILURE_STATUS, headers={"Retry-After": str(RETRY_AFTER_S)})
 
 

@@ -67,14 +67,18 @@ def input_errors(field: str | None = None) -> Iterator[None]:
     except ValidationError as error:
         raise from_validation_error(error.errors(include_url=False)) from None
     except RecursionError:
-        raise RequestError(400, "too_deeply_nested", "the request nests arrays or objects too deeply", field=field) from None
+        raise RequestError(400, "too_deeply_nested", "the request nests arrays or objects too deeply",
+                           field=field) from None
     except (MemoryError, OverflowError) as error:
-        raise RequestError(422, "invalid_value", f"a number or size in the request is out of range ({error})"[:200], field=field) from None
+        raise RequestError(422, "invalid_value", f"a number or size in the request is out of range ({error})"[:200],
+                           field=field) from None
     except UnicodeError:
-        raise RequestError(422, "invalid_text", "the request holds a string that is not valid Unicode (e.g. a lone surrogate)",
+        raise RequestError(422, "invalid_text",
+                           "the request holds a string that is not valid Unicode (e.g. a lone surrogate)",
                            field=field) from None
     except Exception as error:  # noqa: BLE001 - whatever a check trips over is still the input's fault
-        raise RequestError(422, "invalid_input", f"{type(error).__name__}: {str(error)[:MAX_QUOTED_CHARS * 2]}", field=field) from None
+        raise RequestError(422, "invalid_input", f"{type(error).__name__}: {str(error)[:MAX_QUOTED_CHARS * 2]}",
+                           field=field) from None
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -32,7 +32,8 @@ HEALTHY = "HEALTHY"
 def _deployment_statuses() -> dict[str, str]:
     app_name = serve.get_replica_context().app_name
     application = serve.status().applications.get(app_name)
-    return {} if application is None else {name: str(getattr(d.status, "value", d.status)) for name, d in application.deployments.items()}
+    return ({} if application is None
+            else {name: str(getattr(d.status, "value", d.status)) for name, d in application.deployments.items()})
 
 
 async def _grouped_ready(ingress: "Ingress", models: set[str]) -> dict[str, bool]:
@@ -78,5 +79,6 @@ async def group_info(handle, index: int) -> dict:
     try:
         return await asyncio.wait_for(handle.info.remote(), GROUP_INFO_TIMEOUT_S)
     except Exception as error:  # noqa: BLE001 - a group that cannot report is shown as such, not as a failed route
-        return {"group": f"group-{index}", "unavailable": f"no report within {GROUP_INFO_TIMEOUT_S:g} s ({type(error).__name__}); "
+        return {"group": f"group-{index}",
+                "unavailable": f"no report within {GROUP_INFO_TIMEOUT_S:g} s ({type(error).__name__}); "
                 "a hosted model may be rebuilding"}

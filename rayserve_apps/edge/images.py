@@ -94,7 +94,8 @@ class ImageDecoder:
 
     def decode_one(self, item: str, field: str) -> np.ndarray:
         if self.mode is None:
-            raise RequestError(422, "unsupported_field", f"image files cannot feed a {self.channels}-channel model; send 'images'", field=field)
+            raise RequestError(422, "unsupported_field",
+                               f"image files cannot feed a {self.channels}-channel model; send 'images'", field=field)
         if DATA_URL_MARK in item[:100]:
             item = item.split(DATA_URL_MARK, 1)[1]
         try:
@@ -106,9 +107,13 @@ class ImageDecoder:
         except (UnidentifiedImageError, OSError):
             raise RequestError(422, "invalid_image", "not a PNG or JPEG file", field=field) from None
         if image.format not in ACCEPTED_FORMATS:
-            raise RequestError(422, "invalid_image", f"image format {image.format} is not accepted; send one of {list(ACCEPTED_FORMATS)}", field=field)
+            raise RequestError(422, "invalid_image",
+                               f"image format {image.format} is not accepted; send one of {list(ACCEPTED_FORMATS)}",
+                               field=field)
         if image.width * image.height > MAX_IMAGE_PIXELS:
-            raise RequestError(413, "image_too_large", f"image has {image.width}x{image.height} pixels; the limit is {MAX_IMAGE_PIXELS} pixels", field=field)
+            raise RequestError(413, "image_too_large",
+                               f"image has {image.width}x{image.height} pixels; the limit is {MAX_IMAGE_PIXELS} pixels",
+                               field=field)
         try:
             image = image.convert(self.mode)
         except (OSError, ValueError, SyntaxError) as error:  # a truncated or corrupt file fails while decoding
@@ -126,20 +131,24 @@ class ImageDecoder:
     def from_pixels(self, pixels: np.ndarray, field: str = "images") -> np.ndarray:
         """Raw uint8 pixels [N, C, H, W] or [N, H, W, C] of any size -> float32 [N, C, H, W] like a file's."""
         if pixels.ndim != 4 or self.channels not in (pixels.shape[1], pixels.shape[3]):
-            raise RequestError(422, "invalid_shape", f"uint8 images must be [N, {self.channels}, H, W] or [N, H, W, {self.channels}], "
+            raise RequestError(422, "invalid_shape",
+                               f"uint8 images must be [N, {self.channels}, H, W] or [N, H, W, {self.channels}], "
                                f"got {list(pixels.shape)}", field=field)
         if self.mode is None:
-            raise RequestError(422, "unsupported_field", f"uint8 images cannot feed a {self.channels}-channel model; send float32", field=field)
+            raise RequestError(422, "unsupported_field",
+                               f"uint8 images cannot feed a {self.channels}-channel model; send float32", field=field)
         channels_last = pixels if pixels.shape[1] != self.channels else pixels.transpose(0, 2, 3, 1)
         if channels_last.shape[1] * channels_last.shape[2] > MAX_IMAGE_PIXELS:
-            raise RequestError(413, "image_too_large", f"images have {channels_last.shape[1]}x{channels_last.shape[2]} pixels; "
+            raise RequestError(413, "image_too_large",
+                               f"images have {channels_last.shape[1]}x{channels_last.shape[2]} pixels; "
                                f"the limit is {MAX_IMAGE_PIXELS} pixels", field=field)
         images = [Image.fromarray(np.ascontiguousarray(image[..., 0] if self.channels == 1 else image))
                   for image in channels_last.astype(np.uint8)]
         return np.stack([self.model_input(image) for image in images])
 
 
-def with_label_names(predictions: list[dict[str, Any]], names: list[str] | None, top_k: int | None) -> list[dict[str, Any]]:
+def with_label_names(predictions: list[dict[str, Any]], names: list[str] | None,
+                     top_k: int | None) -> list[dict[str, Any]]:
     """Predictions with `label_name` (when the model names its classes) and the `top_k` most probable classes."""
     answered = []
     for prediction in predictions:

@@ -112,7 +112,8 @@ def model_metadata(ingress: "Ingress", name: str) -> dict[str, Any]:
     else:
         inputs = [{"name": TEXTS_INPUT, "datatype": "BYTES", "shape": [-1]}]
         outputs = [{"name": EMBEDDINGS_OUTPUT, "datatype": "FP32", "shape": [-1, -1]}]
-    return {"name": name, "versions": [MODEL_VERSION], "platform": f"plexserve_{model.kind}", "inputs": inputs, "outputs": outputs}
+    return {"name": name, "versions": [MODEL_VERSION], "platform": f"plexserve_{model.kind}", "inputs": inputs,
+            "outputs": outputs}
 
 
 async def server_ready(ingress: "Ingress") -> tuple[bool, dict[str, bool]]:
@@ -130,7 +131,8 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], 
     if header_length is None:
         return parse_json_body(body, len(body)), b""
     if not header_length.strip().isdigit() or int(header_length) > len(body):
-        raise RequestError(400, "bad_request", f"{HEADER_LENGTH} {header_length[:40]!r} is not a length within the body")
+        raise RequestError(400, "bad_request",
+                           f"{HEADER_LENGTH} {header_length[:40]!r} is not a length within the body")
     split = int(header_length)
     return parse_json_body(body[:split], split), body[split:]
 
@@ -139,9 +141,12 @@ def input_array(tensor: InferInput, binary: bytes) -> tuple[np.ndarray, str]:
     """The (one) input tensor as a numpy array and the classify dtype it stands for."""
     field = f"inputs.{tensor.name}"
     if tensor.name != IMAGES_INPUT:
-        raise RequestError(422, "invalid_field", f"unknown input {tensor.name!r}; vision models take one input {IMAGES_INPUT!r}", field=field)
+        raise RequestError(422, "invalid_field",
+                           f"unknown input {tensor.name!r}; vision models take one input {IMAGES_INPUT!r}", field=field)
     if tensor.datatype not in INPUT_DATATYPES:
-        raise RequestError(422, "invalid_dtype", f"datatype {tensor.datatype!r} is not supported; use one of {sorted(INPUT_DATATYPES)}", field=field)
+        raise RequestError(422, "invalid_dtype",
+                           f"datatype {tensor.datatype!r} is not supported; use one of {sorted(INPUT_DATATYPES)}",
+                           field=field)
     numpy_type, dtype = INPUT_DATATYPES[tensor.datatype]
     if any(size < 0 for size in tensor.shape):
         raise RequestError(422, "invalid_shape", f"shape {tensor.shape} has a negative size", field=field)
@@ -149,7 +154,8 @@ def input_array(tensor: InferInput, binary: bytes) -> tuple[np.ndarray, str]:
     size = tensor.parameters.binary_data_size
     if size is not None:
         if size != count * np.dtype(numpy_type).itemsize or size > len(binary):
-            raise RequestError(422, "invalid_shape", f"binary_data_size {size} does not hold shape {tensor.shape} of {tensor.datatype} "
+            raise RequestError(422, "invalid_shape",
+                               f"binary_data_size {size} does not hold shape {tensor.shape} of {tensor.datatype} "
                                f"(or passes the body's end)", field=field)
         return np.frombuffer(binary, dtype=numpy_type, count=count).reshape(tensor.shape), dtype
     if tensor.data is None:
@@ -157,7 +163,8 @@ def input_array(tensor: InferInput, binary: bytes) -> tuple[np.ndarray, str]:
     with input_errors(field):
         values = np.asarray(tensor.data)
         if values.dtype == object or values.dtype.kind not in "iuf" or values.size != count:
-            raise RequestError(422, "invalid_shape", f"'data' must hold {count} numbers for shape {tensor.shape}", field=field)
+            raise RequestError(422, "invalid_shape", f"'data' must hold {count} numbers for shape {tensor.shape}",
+                               field=field)
         if dtype == "uint8" and (values.dtype.kind == "f" or values.min() < 0 or values.max() > np.iinfo(np.uint8).max):
             raise RequestError(422, "invalid_dtype", "UINT8 data must be integers in [0, 255]", field=field)
         return values.reshape(tensor.shape).astype(numpy_type), dtype
@@ -173,12 +180,14 @@ def infer_response(name: str, request: InferRequest, tensors: dict[str, np.ndarr
     wanted = request.outputs if request.outputs is not None else [InferOutputRequest(name=n) for n in tensors]
     unknown = [o.name for o in wanted if o.name not in tensors]
     if unknown:
-        raise RequestError(422, "invalid_field", f"unknown output(s) {unknown}; outputs are {sorted(tensors)}", field="outputs")
+        raise RequestError(422, "invalid_field", f"unknown output(s) {unknown}; outputs are {sorted(tensors)}",
+                           field="outputs")
     binary_default = bool(request.parameters.binary_data_output)
     outputs, chunks = [], []
     for output in wanted:
         array = tensors[output.name]
-        entry: dict[str, Any] = {"name": output.name, "datatype": OUTPUT_DATATYPES[output.name], "shape": list(array.shape)}
+        entry: dict[str, Any] = {"name": output.name, "datatype": OUTPUT_DATATYPES[output.name],
+                                 "shape": list(array.shape)}
         binary = output.parameters.binary_data if output.parameters.binary_data is not None else binary_default
         if binary:
             raw = np.ascontiguousarray(array).tobytes()
@@ -202,7 +211,8 @@ def text_input(tensor: InferInput, binary: bytes) -> list[str]:
     UTF-8 bytes, Triton's layout)."""
     field = f"inputs.{tensor.name}"
     if tensor.name != TEXTS_INPUT or tensor.datatype != "BYTES":
-        raise RequestError(422, "invalid_field", f"text models take one BYTES input {TEXTS_INPUT!r}, got {tensor.name!r} of "
+        raise RequestError(422, "invalid_field",
+                           f"text models take one BYTES input {TEXTS_INPUT!r}, got {tensor.name!r} of "
                            f"{tensor.datatype}", field=field)
     count = math.prod(tensor.shape) if all(size >= 0 for size in tensor.shape) else -1
     with input_errors(field):
@@ -215,23 +225,28 @@ def text_input(tensor: InferInput, binary: bytes) -> list[str]:
         else:
             texts = np.asarray(tensor.data if tensor.data is not None else [], dtype=object).flatten().tolist()
         if count != len(texts) or not all(isinstance(text, str) for text in texts):
-            raise RequestError(422, "invalid_shape", f"'{TEXTS_INPUT}' must hold {max(count, 0)} strings for shape {tensor.shape}", field=field)
+            raise RequestError(422, "invalid_shape",
+                               f"'{TEXTS_INPUT}' must hold {max(count, 0)} strings for shape {tensor.shape}",
+                               field=field)
     return texts
 
 
 async def infer(ingress: "Ingress", name: str, request: Request) -> Response:
     model = served_model(ingress, name)
     kind = model.kind
-    header, binary = split_body(await read_body(request, ingress.spec.serving.max_request_bytes), request.headers.get(HEADER_LENGTH))
+    header, binary = split_body(await read_body(request, ingress.spec.serving.max_request_bytes),
+                                request.headers.get(HEADER_LENGTH))
     body = validate_body(InferRequest, header)
     if len(body.inputs) != 1:
-        raise RequestError(422, "invalid_field", f"{kind} models take one input, got {len(body.inputs)}", field="inputs")
+        raise RequestError(422, "invalid_field", f"{kind} models take one input, got {len(body.inputs)}",
+                           field="inputs")
     if kind == "text":
         texts = text_input(body.inputs[0], binary)
         answer = await embed_texts(ingress, name, texts, field=f"inputs.{TEXTS_INPUT}")
         return infer_response(name, body, {EMBEDDINGS_OUTPUT: np.asarray(answer["embeddings"], dtype=np.float32)})
     array, dtype = input_array(body.inputs[0], binary)
     field = f"inputs.{IMAGES_INPUT}"
-    images = await from_pixels(ingress, model, array, field) if dtype == "uint8" else checked_images(ingress, model, array, dtype, field)
+    images = (await from_pixels(ingress, model, array, field) if dtype == "uint8"
+              else checked_images(ingress, model, array, dtype, field))
     answer = await ingress.classify(name, images, "float32")
     return infer_response(name, body, output_tensors(answer["predictions"]))

@@ -75,7 +75,8 @@ def checked_images(ingress: "Ingress", model: ModelSpec, images: Any, dtype: Any
     """Nested lists or an array [N, C, H, W] of `dtype` as the model's float32 input, fully checked (4xx naming
     `field` for anything wrong)."""
     with input_errors(field):
-        return check_images({"images": images, "dtype": dtype}, ingress.edge.contract(model), ingress.spec.serving.max_items_per_request)
+        return check_images({"images": images, "dtype": dtype}, ingress.edge.contract(model),
+                            ingress.spec.serving.max_items_per_request)
 
 
 def pixel_array(images: Any, field: str = "images") -> np.ndarray:
@@ -83,7 +84,8 @@ def pixel_array(images: Any, field: str = "images") -> np.ndarray:
     with input_errors(field):
         array = np.asarray(images)
         if array.dtype.kind not in "iu" or array.ndim != 4 or not array.size:
-            raise RequestError(422, "invalid_dtype", "uint8 images must be a non-empty 4-D array of integers in [0, 255]", field=field)
+            raise RequestError(422, "invalid_dtype",
+                               "uint8 images must be a non-empty 4-D array of integers in [0, 255]", field=field)
         if array.min() < 0 or array.max() > np.iinfo(np.uint8).max:
             raise RequestError(422, "invalid_dtype", "uint8 images must hold integers in [0, 255]", field=field)
         return array.astype(np.uint8)
@@ -93,7 +95,8 @@ async def from_pixels(ingress: "Ingress", model: ModelSpec, pixels: np.ndarray, 
     """Raw uint8 pixels (any size, channels first or last) resized and normalised like an image file."""
     limit = ingress.spec.serving.max_items_per_request
     if len(pixels) > limit:
-        raise RequestError(413, "too_many_items", f"'{field}' has {len(pixels)} items; the limit is {limit}", field=field)
+        raise RequestError(413, "too_many_items", f"'{field}' has {len(pixels)} items; the limit is {limit}",
+                           field=field)
     decoder = ingress.edge.decoder(model)
     with input_errors(field):
         return await asyncio.to_thread(decoder.from_pixels, pixels, field)
@@ -108,7 +111,9 @@ async def images_array(ingress: "Ingress", model: ModelSpec, body: ClassifyReque
         return checked_images(ingress, model, body.images, body.dtype)
     limit = ingress.spec.serving.max_items_per_request
     if len(body.images_base64) > limit:
-        raise RequestError(413, "too_many_items", f"'images_base64' has {len(body.images_base64)} items; the limit is {limit}", field="images_base64")
+        raise RequestError(413, "too_many_items",
+                           f"'images_base64' has {len(body.images_base64)} items; the limit is {limit}",
+                           field="images_base64")
     decoder = ingress.edge.decoder(model)
     with input_errors("images_base64"):
         return await asyncio.to_thread(decoder.decode, body.images_base64)
@@ -120,7 +125,8 @@ async def classify(ingress: "Ingress", name: str, payload: dict[str, Any]) -> di
     array = await images_array(ingress, model, body)
     with input_errors():
         options = check_query_options(body.query_options())
-    answer = await ingress.classify(name, array, "float32", **{field: options.get(field) for field in ("task", "slo_ms", "utility")})
+    answer = await ingress.classify(name, array, "float32",
+                                    **{field: options.get(field) for field in ("task", "slo_ms", "utility")})
     names = ingress.edge.label_names(model)
     if names is not None or body.top_k is not None:
         answer = {**answer, "predictions": with_label_names(answer["predictions"], names, body.top_k)}

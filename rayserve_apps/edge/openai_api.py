@@ -40,8 +40,10 @@ class EmbeddingsRequest(StrictBody):
     input: Text | list[Text] | list[StrictInt] | list[list[StrictInt]] = Field(
         description="A text, a list of texts, or token arrays (ids of the model's own tokenizer).")
     model: Text = Field(description="A served text model (GET /v1/models).")
-    encoding_format: Literal["float", "base64"] = Field(default="float", description="'float' lists or 'base64' little-endian float32.")
-    dimensions: StrictInt | None = Field(default=None, ge=1, description="Only the model's own embedding width is supported.")
+    encoding_format: Literal["float", "base64"] = Field(default="float",
+                                                        description="'float' lists or 'base64' little-endian float32.")
+    dimensions: StrictInt | None = Field(default=None, ge=1,
+                                         description="Only the model's own embedding width is supported.")
     user: Text | None = Field(default=None, description="An end-user id; accepted and not used.")
 
 
@@ -78,10 +80,12 @@ async def _embed_texts(ingress: "Ingress", model: str, texts: list[str]) -> tupl
 async def _embed_token_ids(ingress: "Ingress", model: str, token_ids: list[list[int]]) -> tuple[list[list[float]], int]:
     limit = ingress.spec.serving.max_items_per_request
     if len(token_ids) > limit:
-        raise RequestError(413, "too_many_items", f"'input' has {len(token_ids)} token arrays; the limit is {limit}", field="input")
+        raise RequestError(413, "too_many_items", f"'input' has {len(token_ids)} token arrays; the limit is {limit}",
+                           field="input")
     for index, ids in enumerate(token_ids):
         if len(ids) > ingress.text_limits[model]:
-            raise RequestError(413, "input_too_long", f"input[{index}] has {len(ids)} tokens; model {model!r} accepts at most "
+            raise RequestError(413, "input_too_long",
+                               f"input[{index}] has {len(ids)} tokens; model {model!r} accepts at most "
                                f"{ingress.text_limits[model]} tokens", field=f"input[{index}]")
     with input_errors("input"):
         try:
@@ -111,8 +115,10 @@ async def embeddings(ingress: "Ingress", payload: dict[str, Any]) -> dict[str, A
         token_ids = [list(items)] if isinstance(items[0], int) else [list(ids) for ids in items]
         vectors, tokens = await _embed_token_ids(ingress, model, token_ids)
     if body.dimensions is not None and vectors and body.dimensions != len(vectors[0]):
-        raise RequestError(422, "unsupported_field", f"model {model!r} answers {len(vectors[0])}-dimensional embeddings and "
-                           f"does not shorten them; omit 'dimensions' or set it to {len(vectors[0])}", field="dimensions")
+        raise RequestError(422, "unsupported_field",
+                           f"model {model!r} answers {len(vectors[0])}-dimensional embeddings and "
+                           f"does not shorten them; omit 'dimensions' or set it to {len(vectors[0])}",
+                           field="dimensions")
     data = [{"object": "embedding", "index": index, "embedding": _encode(vector, body.encoding_format)}
             for index, vector in enumerate(vectors)]
     return {"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
@@ -121,5 +127,6 @@ async def embeddings(ingress: "Ingress", payload: dict[str, Any]) -> dict[str, A
 def with_model_list(models: dict[str, Any]) -> dict[str, Any]:
     """`GET /v1/models` also in OpenAI's shape (`object: list`, `data: [{id, object: model, ...}]`), so that an
     OpenAI client's `models.list()` sees the served models; plexserve's own `models` key is kept."""
-    data = [{"id": model["name"], "object": "model", "created": 0, "owned_by": "plexserve"} for model in models["models"]]
+    data = [{"id": model["name"], "object": "model", "created": 0, "owned_by": "plexserve"}
+            for model in models["models"]]
     return {**models, "object": "list", "data": data}

@@ -60,13 +60,21 @@ class ClassifyRequest(StrictBody):
     timm data config."""
 
     images: list[Any] | None = Field(default=None, min_length=1, description="Nested lists [N, C, H, W] of numbers.")
-    images_base64: list[Text] | None = Field(default=None, min_length=1, description="Base64 PNG or JPEG files, one per image.")
-    dtype: Text = Field(default="float32", description="Element type of `images`: 'float32' (the model's input, [N, C, H, W]) or "
-                        "'uint8' (raw pixels 0..255, [N, C, H, W] or [N, H, W, C] of any size, resized and normalised like a file).")
-    task: Text | None = Field(default=None, min_length=1, description="Token-adaptation (OTAS) models: the task of every image.")
-    slo_ms: FiniteNumber | None = Field(default=None, gt=0, description="Token-adaptation (OTAS) models: the query's latency objective, ms.")
-    utility: FiniteNumber | None = Field(default=None, ge=0, description="Token-adaptation (OTAS) models: the query's utility.")
-    top_k: StrictInt | None = Field(default=None, ge=1, description="Also answer the k most probable classes of each image.")
+    images_base64: list[Text] | None = Field(default=None, min_length=1,
+                                             description="Base64 PNG or JPEG files, one per image.")
+    dtype: Text = Field(default="float32",
+                        description="Element type of `images`: 'float32' (the model's input, [N, C, H, W]) or "
+                                    "'uint8' (raw pixels 0..255, [N, C, H, W] or [N, H, W, C] of any size, resized "
+                                    "and normalised like a file).")
+    task: Text | None = Field(default=None, min_length=1,
+                              description="Token-adaptation (OTAS) models: the task of every image.")
+    slo_ms: FiniteNumber | None = Field(default=None, gt=0,
+                                        description="Token-adaptation (OTAS) models: the query's latency objective, "
+                                                    "ms.")
+    utility: FiniteNumber | None = Field(default=None, ge=0,
+                                         description="Token-adaptation (OTAS) models: the query's utility.")
+    top_k: StrictInt | None = Field(default=None, ge=1,
+                                    description="Also answer the k most probable classes of each image.")
 
     @model_validator(mode="after")
     def _one_image_field(self) -> "ClassifyRequest":
@@ -88,7 +96,8 @@ class Prediction(BaseModel):
     label: int = Field(description="The most probable class.")
     probabilities: list[float] = Field(description="Softmax over the model's classes.")
     label_name: str | None = Field(default=None, description="The class's name when the model's metadata has names.")
-    top_k: list[RankedClass] | None = Field(default=None, description="The `top_k` most probable classes, when asked for.")
+    top_k: list[RankedClass] | None = Field(default=None,
+                                            description="The `top_k` most probable classes, when asked for.")
     task: str | None = Field(default=None, description="Token-adaptation models: the task the image was answered for.")
     gamma: int | None = Field(default=None, description="Token-adaptation models: tokens per layer its batch ran at.")
 
@@ -121,7 +130,8 @@ def json_body(model: type[BaseModel]) -> dict[str, Any]:
     """`openapi_extra` of a route that reads its body itself (to stream it under the byte limit): `/docs` shows
     `model` as the request body."""
     schema = model.model_json_schema()
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": _inline_refs(schema, schema.get("$defs", {}))}}}}
+    return {"requestBody": {"required": True,
+                            "content": {"application/json": {"schema": _inline_refs(schema, schema.get("$defs", {}))}}}}
 
 
 #: Responses every POST route documents besides its 200.

@@ -74,7 +74,8 @@ class PolymorphRuntimeDeployment:
         self.encoder = load_text_encoder(self.spec.source, name=self.spec.name)
         self.longest = max(self.params.capacities)
         if self.longest > self.encoder.max_length:
-            raise ValueError(f"params.capacities: runtime {self.longest} exceeds the model's {self.encoder.max_length} tokens")
+            raise ValueError(f"params.capacities: runtime {self.longest} exceeds the model's {self.encoder.max_length} "
+                             "tokens")
         self.dynamic = DynamicRuntime(self.encoder)
         self.outstanding = 0
         self._compute_lock = asyncio.Lock()  # one forward pass at a time: an instance is one device
@@ -93,7 +94,8 @@ class PolymorphRuntimeDeployment:
     def _assigned_length(self, config: PolymorphAssignmentParams, rank: int) -> int:
         length = config.assignment.get(rank, self.longest)
         if length not in self.params.capacities:
-            raise ValueError(f"user_config.assignment[{rank}]={length} is not a runtime (have {sorted(self.params.capacities)})")
+            raise ValueError(f"user_config.assignment[{rank}]={length} is not a runtime (have "
+                             f"{sorted(self.params.capacities)})")
         return length
 
     def _build(self, length: int) -> StaticRuntime | PackedStaticRuntime:
@@ -105,7 +107,8 @@ class PolymorphRuntimeDeployment:
         config = PolymorphAssignmentParams.model_validate(user_config or {})
         length = self._assigned_length(config, int(rank.rank) if rank is not None else _current_rank())
         if length != self.runtime.max_length_tokens:
-            logger.info("replica switches runtime %d -> %d (allocation v%d)", self.runtime.max_length_tokens, length, config.version)
+            logger.info("replica switches runtime %d -> %d (allocation v%d)", self.runtime.max_length_tokens, length,
+                        config.version)
             new_runtime = await asyncio.to_thread(self._build, length)
             self.runtime = new_runtime  # running requests keep their reference to the old runtime
 
@@ -128,7 +131,8 @@ class PolymorphRuntimeDeployment:
     async def embed_with_runtime(self, token_ids: list[list[int]]) -> dict:
         """Embeddings of tokenized texts, the runtime length that served them (0: the dynamic path), the forward
         passes they ran in and how many requests shared those passes; ValueError for bad input."""
-        if not isinstance(token_ids, list) or not token_ids or not all(isinstance(ids, list) and ids for ids in token_ids):
+        if (not isinstance(token_ids, list) or not token_ids
+            or not all(isinstance(ids, list) and ids for ids in token_ids)):
             raise ValueError("token_ids must be a non-empty list of non-empty token id lists")
         longest = max(len(ids) for ids in token_ids)
         if longest > self.longest:
@@ -159,7 +163,8 @@ class PolymorphRuntimeDeployment:
 
     @staticmethod
     def _run_static(runtime: StaticRuntime, token_ids: list[list[int]]):
-        chunks = [runtime.run_tokens(token_ids[k:k + runtime.batch_size]) for k in range(0, len(token_ids), runtime.batch_size)]
+        chunks = [runtime.run_tokens(token_ids[k:k + runtime.batch_size])
+                  for k in range(0, len(token_ids), runtime.batch_size)]
         return torch.cat(chunks)
 
     # --- packed execution: ConcatBatching across waiting requests (TCB §4.1) ----------------------------------

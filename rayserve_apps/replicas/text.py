@@ -70,7 +70,8 @@ class TextModelDeployment:
         self.limit = min(self.spec.max_input_length_tokens or self.encoder.max_length, self.encoder.max_length)
         self.scheduler = batching_scheduler_for(self.spec, batching_policy, self.limit)
         self._totals = {"real_tokens": 0, "computed_tokens": 0, "utility": 0.0}
-        former = TextBatchFormer(self.spec.name, self.scheduler, self.spec.batch_wait_timeout_ms / 1000.0, self.spec.slo_ms)
+        former = TextBatchFormer(self.spec.name, self.scheduler, self.spec.batch_wait_timeout_ms / 1000.0,
+                                 self.spec.slo_ms)
         backend = InProcessTextBackend(PackedTextEncoder(self.encoder), self.scheduler, on_packed=self._packed)
         self.engine = ServingEngine(self.spec.name, former, backend, on_batch=self._batch_done)
         logger.info("text replica %s: %s batching, %d rows x %d tokens", self.spec.name, self.scheduler.name,
@@ -90,7 +91,8 @@ class TextModelDeployment:
         row_limit = self.scheduler.max_request_tokens
         for index, ids in enumerate(token_ids):
             if len(ids) > row_limit:
-                raise ValueError(f"token_ids[{index}] has {len(ids)} tokens; the batch rows of this replica hold at most {row_limit}")
+                raise ValueError(f"token_ids[{index}] has {len(ids)} tokens; the batch rows of this replica hold at "
+                                 f"most {row_limit}")
 
     async def embed_batch(self, model: str, requests: list[list[list[int]]], budgets_s: list[float]) -> list:
         """Several requests at once (what the ingress sends): per request its embeddings (float32 rows) or error."""

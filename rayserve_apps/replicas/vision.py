@@ -36,7 +36,8 @@ class VisionModelDeployment:
         otas = token_adaptation_params(self.spec)
         if otas is not None:
             registry, profile = load_otas_parts(self.spec, otas)
-            self.otas = OtasExecutor(registry, profile, otas, self.spec.slo_ms, OtasMetrics(self.spec.name), name=self.spec.name)
+            self.otas = OtasExecutor(registry, profile, otas, self.spec.slo_ms, OtasMetrics(self.spec.name),
+                                     name=self.spec.name)
             return
         self.classifier = load_vit(
             self.spec.source, checkpoint_path=self.spec.checkpoint_path, num_classes=self.spec.num_classes or 1000,
@@ -55,7 +56,8 @@ class VisionModelDeployment:
         """
         tensor = torch.as_tensor(np.asarray(images))
         if self.otas is not None:
-            return await self.otas.classify(tensor.float() if tensor.dtype == torch.float64 else tensor, task_id, slo_ms, utility)
+            return await self.otas.classify(tensor.float() if tensor.dtype == torch.float64 else tensor, task_id,
+                                            slo_ms, utility)
         if task_id is not None:
             raise ValueError(f"model {self.spec.name!r} has no token_adaptation policy, so it takes no task_id")
         self.classifier.check_images(tensor)

@@ -1,8 +1,8 @@
 """A Ray Serve `RequestRouter` that sends a model's request only to replicas hosting it, by shortest queue.
 
 Each group replica reports, through `record_routing_stats`, the models it hosts and its queue length. For a
-request whose first argument is a model name, the router builds one `placement.alpaserve.dispatch.GroupView` per candidate
-replica and asks the same dispatch policy the simulator uses (AlpaServe §4.3, shortest queue) which replica to
+request whose first argument is a model name, the router builds one `placement.alpaserve.dispatch.GroupView` per
+candidate replica and asks the same dispatch policy the simulator uses (AlpaServe §4.3, shortest queue) which replica to
 rank first; the others follow by queue length, so Serve can fall back when the first is full. Replicas that
 have not reported yet are kept as a last rank.
 """
@@ -45,7 +45,8 @@ class ModelAwareRouter(RankingRouter):
         reported = [r for r in candidate_replicas if STATS_MODELS in r.routing_stats]
         silent = [r for r in candidate_replicas if STATS_MODELS not in r.routing_stats]
         hosts = [r for r in reported if model is None or model in r.routing_stats[STATS_MODELS]]
-        views = [GroupView(group_id=i, models=frozenset(r.routing_stats[STATS_MODELS]), queue_length=self._queue_length(r),
+        views = [GroupView(group_id=i, models=frozenset(r.routing_stats[STATS_MODELS]),
+                           queue_length=self._queue_length(r),
                            free_at_s=0.0, finish_if_dispatched_s=0.0) for i, r in enumerate(hosts)]
         ranks: List[List[RunningReplica]] = []
         if model is not None and views:

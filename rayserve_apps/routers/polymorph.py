@@ -2,8 +2,8 @@
 
 Every replica of a `PolymorphRuntimeDeployment` reports its runtime's max length and capacity (replica metadata,
 refreshed by routing stats after a runtime swap) and its outstanding requests (routing stats). The router keeps a
-`placement.arlo.request_scheduler.ArloDispatch` over those replicas — the same object the simulator drives — and for each
-request asks it which replica to use, from the request's token count (the longest token id list in its first
+`placement.arlo.request_scheduler.ArloDispatch` over those replicas — the same object the simulator drives — and for
+each request asks it which replica to use, from the request's token count (the longest token id list in its first
 argument, or a `num_tokens` keyword). The router counts a replica's outstanding requests itself, up when Serve
 sends a request (`on_send_request`) and down when it completes (`on_request_completed`), as Arlo counts at
 dispatch; a replica's own report (`record_routing_stats`) raises the count when other routers also send to it.
