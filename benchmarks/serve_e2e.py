@@ -137,7 +137,8 @@ class Point:
         good = int((lat <= self.slo_ms).sum()) if self.latencies_ms else 0
         return {"system": self.system, "mode": self.mode, "load": self.load, "ok_per_s": ok / self.duration_s,
                 "goodput_per_s": good / self.duration_s, "p50_ms": float(np.percentile(lat, 50)),
-                "p99_ms": float(np.percentile(lat, 99)), "statuses": {str(k): v for k, v in sorted(self.statuses.items())},
+                "p99_ms": float(np.percentile(lat, 99)),
+                "statuses": {str(k): v for k, v in sorted(self.statuses.items())},
                 "error_types": dict(self.error_types),
                 "errors": self.errors, "dropped": self.dropped}
 
@@ -174,7 +175,8 @@ class LoadGenerator:
 
     def _session(self):
         connector = self.aiohttp.TCPConnector(limit=0, force_close=False)
-        return self.aiohttp.ClientSession(connector=connector, timeout=self.aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S))
+        return self.aiohttp.ClientSession(connector=connector,
+                                          timeout=self.aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S))
 
     async def closed_loop(self, url: str, point: Point, clients: int, warmup_s: float) -> Point:
         async with self._session() as session:
@@ -362,7 +364,8 @@ def main() -> None:
         ray.shutdown()
 
     def closed(system: str, clients: int) -> dict | None:
-        return next((p for p in points if p["system"] == system and p["mode"] == "closed" and p["load"] == clients), None)
+        return next((p for p in points if p["system"] == system and p["mode"] == "closed" and p["load"] == clients),
+                    None)
 
     figures: dict = {"machine": machine_description(), "quick": args.quick, "points": points,
                      "compute_bound_texts_per_s": bound["texts_per_s"], "compute_bound_best": bound["best"],
@@ -391,7 +394,8 @@ def main() -> None:
 
 def _brief(point: dict) -> str:
     return (f"ok/s {point['ok_per_s']:.1f} goodput/s {point['goodput_per_s']:.1f} p50 {point['p50_ms']:.0f} ms "
-            f"p99 {point['p99_ms']:.0f} ms statuses {point['statuses']} {point['error_types'] or ''} errors {point['errors']} dropped {point['dropped']}")
+            f"p99 {point['p99_ms']:.0f} ms statuses {point['statuses']} {point['error_types'] or ''} errors "
+            f"{point['errors']} dropped {point['dropped']}")
 
 
 if __name__ == "__main__":

@@ -124,7 +124,8 @@ class ServingEngine:
         self._wake.set()
         return [item.future for item in items]
 
-    async def answer(self, payloads: Sequence[Any], deadline_s: float, attrs: dict[str, Any] | None = None) -> list[Any]:
+    async def answer(self, payloads: Sequence[Any], deadline_s: float,
+                     attrs: dict[str, Any] | None = None) -> list[Any]:
         """Submit and wait: the results in order, or the first item's error."""
         return list(await asyncio.gather(*self.submit(payloads, deadline_s, attrs)))
 
@@ -200,7 +201,8 @@ class ServingEngine:
             self.totals.failed_batches += 1
             for item in batch.items:
                 if not item.future.done():
-                    item.future.set_exception(error if isinstance(error, RuntimeError | ValueError) else RuntimeError(str(error)))
+                    item.future.set_exception(error if isinstance(error, RuntimeError | ValueError)
+                                              else RuntimeError(str(error)))
             return
         finally:
             self._in_flight -= 1

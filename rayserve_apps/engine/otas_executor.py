@@ -39,12 +39,18 @@ class OtasDeploymentParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    artifacts: str = Field(default=str(DIGITS_ARTIFACTS_DIR), description="Directory of the trained backbone and tasks (models/artifacts/digits_vit).")
-    profile: str | None = Field(default=None, description="Measured OtasProfile JSON; default <artifacts>/profile.json.")
-    default_task: str = Field(default="digit", description="Task of a query that names none (the ingress passes no task).")
+    artifacts: str = Field(default=str(DIGITS_ARTIFACTS_DIR),
+                           description="Directory of the trained backbone and tasks (models/artifacts/digits_vit).")
+    profile: str | None = Field(default=None,
+                                description="Measured OtasProfile JSON; default <artifacts>/profile.json.")
+    default_task: str = Field(default="digit",
+                              description="Task of a query that names none (the ingress passes no task).")
     default_utility: float = Field(default=1.0, ge=0, description="Utility of a query that names none.")
-    batching: AdaptiveBatchingParams = Field(default_factory=AdaptiveBatchingParams, description="OTAS Alg. 1 parameters.")
-    allocation: TokenAllocationParams | None = Field(default=None, description="OTAS Alg. 2-3 parameters; gamma_list defaults to the artefacts'.")
+    batching: AdaptiveBatchingParams = Field(default_factory=AdaptiveBatchingParams,
+                                             description="OTAS Alg. 1 parameters.")
+    allocation: TokenAllocationParams | None = Field(default=None,
+                                                     description="OTAS Alg. 2-3 parameters; gamma_list defaults to the "
+                                                                 "artefacts'.")
 
 
 def parse_otas_params(params: dict[str, Any]) -> OtasDeploymentParams:
@@ -71,14 +77,18 @@ class OtasMetrics:
     def __init__(self, model: str):
         self.tags = {"model": model}
         # Ray histograms need positive boundaries, so the gamma selection is a counter of batches per gamma.
-        self.gamma = _metric(Counter, "plexserve_otas_batches_total", description="Batches run, by the gamma chosen (tokens per layer: <0 merged, >0 prompts).",
+        self.gamma = _metric(Counter, "plexserve_otas_batches_total",
+                             description="Batches run, by the gamma chosen (tokens per layer: <0 merged, >0 prompts).",
                              tag_keys=("model", "gamma"))
-        self.last_gamma = _metric(Gauge, "plexserve_otas_gamma", description="Gamma of the latest batch.", tag_keys=("model",))
+        self.last_gamma = _metric(Gauge, "plexserve_otas_gamma", description="Gamma of the latest batch.",
+                                  tag_keys=("model",))
         self.batch_size = _metric(Histogram, "plexserve_otas_batch_size", description="Queries per OTAS batch.",
                                   boundaries=BATCH_SIZE_BOUNDARIES, tag_keys=("model",))
-        self.utility = _metric(Counter, "plexserve_otas_utility_total", description="Expected utility earned (u_r x profiled accuracy, in time).",
+        self.utility = _metric(Counter, "plexserve_otas_utility_total",
+                               description="Expected utility earned (u_r x profiled accuracy, in time).",
                                tag_keys=("model",))
-        self.outcomes = _metric(Counter, "plexserve_otas_queries_total", description="OTAS queries by outcome (in_time, late, evicted).",
+        self.outcomes = _metric(Counter, "plexserve_otas_queries_total",
+                                description="OTAS queries by outcome (in_time, late, evicted).",
                                 tag_keys=("model", "outcome"))
 
     def batch(self, gamma: int, size: int) -> None:
@@ -106,8 +116,8 @@ def _metric(kind, name: str, **kwargs):
 class OtasExecutor:
     """OTAS queries of one adaptive ViT on a serving engine; the backend runs the batches (default: in process)."""
 
-    def __init__(self, registry: TaskRegistry, profile: OtasProfile, params: OtasDeploymentParams, default_slo_ms: float,
-                 metrics: OtasMetrics | None = None, clock: Callable[[], float] = time.monotonic,
+    def __init__(self, registry: TaskRegistry, profile: OtasProfile, params: OtasDeploymentParams,
+                 default_slo_ms: float, metrics: OtasMetrics | None = None, clock: Callable[[], float] = time.monotonic,
                  backend: BatchBackend | None = None, max_batches_in_flight: int = 1, name: str = "otas"):
         registry.task(params.default_task)
         self.registry = registry
@@ -131,7 +141,8 @@ class OtasExecutor:
         utility = self.params.default_utility if utility is None else utility
         self.registry.check_images(images)
         now = self.engine.clock()
-        queries = [self.registry.make_query(task_id, image, now, slo_ms, utility) for image in images]  # ValueError names a bad field
+        # ValueError names a bad field
+        queries = [self.registry.make_query(task_id, image, now, slo_ms, utility) for image in images]
         return await self.engine.answer([q.image for q in queries], now + slo_ms / 1000.0,
                                         attrs={TASK_ATTR: task_id, UTILITY_ATTR: utility})
 
@@ -154,9 +165,10 @@ def load_otas_parts(spec: ModelSpec, otas: OtasDeploymentParams) -> tuple[TaskRe
     registry = TaskRegistry.load(otas.artifacts)
     expected = (registry.config.in_chans, registry.config.image_size_px)
     if (spec.in_chans, spec.image_size_px) != expected:
-        raise ValueError(f"model {spec.name!r}: in_chans/image_size_px must be {expected[0]}/{expected[1]} for the artefacts "
-                         f"{otas.artifacts}, got {spec.in_chans}/{spec.image_size_px}")
+        raise ValueError(f"model {spec.name!r}: in_chans/image_size_px must be {expected[0]}/{expected[1]} for the "
+                         f"artefacts {otas.artifacts}, got {spec.in_chans}/{spec.image_size_px}")
     profile_path = Path(otas.profile) if otas.profile else Path(otas.artifacts) / "profile.json"
     if not profile_path.exists():
-        raise ValueError(f"token_adaptation params.profile: {profile_path} does not exist (python -m models.adaptive_vit_profile)")
+        raise ValueError(f"token_adaptation params.profile: {profile_path} does not exist "
+                         "(python -m models.adaptive_vit_profile)")
     return registry, OtasProfile.load(profile_path)

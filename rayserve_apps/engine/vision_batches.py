@@ -37,7 +37,8 @@ TASK_ATTR = "task_id"
 UTILITY_ATTR = "utility"
 
 
-def predictions(logits: Sequence[torch.Tensor] | torch.Tensor, extra: Sequence[dict[str, Any]] | None = None) -> list[dict]:
+def predictions(logits: Sequence[torch.Tensor] | torch.Tensor,
+                extra: Sequence[dict[str, Any]] | None = None) -> list[dict]:
     """One {'label', 'probabilities', ...extra} per row of logits."""
     answers = []
     for i, row in enumerate(logits):
@@ -102,7 +103,8 @@ class OtasBatchFormer:
     def form(self, now_s: float) -> FormedBatch:
         dispatch, evicted = self.scheduler.next_batch(now_s)
         refused = [(request.payload, RequestError(
-            503, "deadline_unmeetable", f"query for task {request.task_id!r} cannot finish before its deadline; evicted"))
+            503, "deadline_unmeetable",
+            f"query for task {request.task_id!r} cannot finish before its deadline; evicted"))
             for request in evicted]
         items = [request.payload for request in dispatch.batch.requests] if dispatch is not None else []
         return FormedBatch(items=items, plan=dispatch, refused=refused)

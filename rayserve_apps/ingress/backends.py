@@ -88,7 +88,8 @@ class GroupBackend:
         """Adopt the slots' groups and where each model may be routed (during a rollout step: what serves both
         before and after it, see `placement.alpaserve.placement_rollout.transition_routes`)."""
         if len(layout.slots) != len(self.handles) or len(routes) != len(self.handles):
-            raise ValueError(f"layout has {len(layout.slots)} slots and {len(routes)} routes; this application runs {len(self.handles)} group slots")
+            raise ValueError(f"layout has {len(layout.slots)} slots and {len(routes)} routes; this application runs "
+                             f"{len(self.handles)} group slots")
         self.dispatcher.set_routes(routes)
         self.layout, self.routes, self.version = layout, routes, version
 

@@ -77,7 +77,8 @@ def describe_model(model: ModelSpec, text_limit: int | None) -> dict[str, Any]:
     """The public description of a served model, as `GET /v1/models` lists it."""
     description: dict[str, Any] = {"name": model.name, "kind": model.kind, "slo_ms": model.slo_ms}
     if model.kind == "text":
-        description.update(max_input_length_tokens=text_limit, on_too_long=model.on_too_long, endpoint=f"/v1/models/{model.name}/embed")
+        description.update(max_input_length_tokens=text_limit, on_too_long=model.on_too_long,
+                           endpoint=f"/v1/models/{model.name}/embed")
     else:
         description.update(image_shape=[model.in_chans, model.image_size_px, model.image_size_px],
                            num_classes=model.num_classes, endpoint=f"/v1/models/{model.name}/classify")
@@ -96,8 +97,10 @@ class Ingress:
         layout = SlotLayout.from_placement(self.spec.placement, len(self.group_handles))
         self.groups = GroupBackend(self.spec, self.group_handles, layout) if self.group_handles else None
         self.controller = controller
-        self.traffic = TrafficReporter(controller, self.spec.controller.stats_report_period_s) if controller and self.spec.controller else None
-        batched = {m.name for m in self.spec.models if m.kind == "text" and polymorphing_params(self.spec, m.name) is None}
+        self.traffic = (TrafficReporter(controller, self.spec.controller.stats_report_period_s)
+                        if controller and self.spec.controller else None)
+        batched = {m.name for m in self.spec.models
+                   if m.kind == "text" and polymorphing_params(self.spec, m.name) is None}
         self.backend: Backend = ModelRouterBackend(self.groups, ModelDeploymentBackend(model_handles or {}, batched))
         self.attainment = SloAttainment()
         self.tokenizers: dict[str, TextTokenizer] = {
@@ -120,7 +123,8 @@ class Ingress:
         if user_config.get("layout") is None or self.groups is None:
             return
         layout = SlotLayout.model_validate(user_config["layout"])
-        self.groups.set_layout(layout, user_config.get("routes", layout.routes()), int(user_config.get("placement_version", 0)))
+        self.groups.set_layout(layout, user_config.get("routes", layout.routes()),
+                               int(user_config.get("placement_version", 0)))
         metrics.placement_version().set(self.groups.version, tags={"group": "ingress"})
 
     def placement_version(self) -> int:
@@ -161,13 +165,15 @@ class Ingress:
         """The live layout: the placement and, per group slot, what its replica reports."""
         layout = self.backend.describe()
         if self.group_handles:
-            layout["groups"] = list(await asyncio.gather(*(group_info(handle, i) for i, handle in enumerate(self.group_handles))))
+            layout["groups"] = list(await asyncio.gather(*(group_info(handle, i)
+                                                           for i, handle in enumerate(self.group_handles))))
         return layout
 
     async def placement_history(self, limit: int = DEFAULT_HISTORY_LIMIT) -> dict[str, Any]:
         """The placement controller's recent decisions, newest last."""
         if self.controller is None:
-            raise RequestError(404, "no_controller", "this application runs no placement controller (spec field 'controller')")
+            raise RequestError(404, "no_controller",
+                               "this application runs no placement controller (spec field 'controller')")
         return {"decisions": await self.controller.history.remote(limit)}
 
     async def _call(self, spec: ModelSpec, method: str, payload: Any, options: dict[str, Any] | None = None,
@@ -221,7 +227,8 @@ class Ingress:
     async def _answer(self, request: Request, call: Callable[[dict[str, Any]], Awaitable[Any]]) -> Response:
         return await answer(request, self.spec.serving.max_request_bytes, call)
 
-    @app.post("/v1/models/{name}/embed", response_model=EmbedResponse, responses=ERROR_RESPONSES, openapi_extra=json_body(EmbedRequest))
+    @app.post("/v1/models/{name}/embed", response_model=EmbedResponse, responses=ERROR_RESPONSES,
+              openapi_extra=json_body(EmbedRequest))
     async def http_embed(self, name: str, request: Request) -> Response:
         return await self._answer(request, lambda payload: native.embed(self, name, payload))
 
@@ -253,7 +260,8 @@ class Ingress:
         ready, models = await kserve.server_ready(self)
         if ready:
             return JSONResponse({"status": "ok"})
-        return JSONResponse({"status": "unavailable", "not_ready": sorted(m for m, ok in models.items() if not ok)}, status_code=503)
+        return JSONResponse({"status": "unavailable", "not_ready": sorted(m for m, ok in models.items() if not ok)},
+                            status_code=503)
 
     # ---- HTTP edge (issue 16): OpenAI embeddings and the KServe/Triton v2 protocol; logic in rayserve_apps/edge/ ----
 

@@ -3,9 +3,9 @@
 The ingress is the one sender of requests to the groups, so it knows each group's queue (requests it sent and
 that have not come back). Per (group, model) it estimates the service time as the median of the latest answered
 requests' measurements (robust to one stalled request; none before `MIN_LATENCY_SAMPLES` answers, since the
-first answer after a start or a rebuild includes the model's warm-up), and an idle group with a stale estimate gets one request
-as a probe. For each request it builds the same `placement.alpaserve.dispatch.GroupView`s the simulator builds and
-asks the same policy object; `None` means no group hosting the model can finish the request within its SLO, and
+first answer after a start or a rebuild includes the model's warm-up), and an idle group with a stale estimate gets one
+request as a probe. For each request it builds the same `placement.alpaserve.dispatch.GroupView`s the simulator builds
+and asks the same policy object; `None` means no group hosting the model can finish the request within its SLO, and
 the ingress answers 503 at once.
 """
 

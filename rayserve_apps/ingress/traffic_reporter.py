@@ -41,5 +41,6 @@ class TrafficReporter:
             try:
                 await self.controller.report.remote([r.to_json() for r in batch])
             except Exception as error:  # noqa: BLE001 - the controller may be restarting; keep the records
-                logger.warning("traffic report to the placement controller failed (%s); will retry", type(error).__name__)
+                logger.warning("traffic report to the placement controller failed (%s); will retry",
+                               type(error).__name__)
                 self.buffer = batch + self.buffer

@@ -147,8 +147,9 @@ class GroupReplica:
         otas = token_adaptation_params(spec) if spec.kind == "vision" else None
         if otas is not None:
             if self.config.intra_op_degree != 1:
-                raise ValueError(f"group {self.group_name}: model {spec.name!r} uses token adaptation, whose blocks are not "
-                                 f"split by tensor parallelism; its group needs intra_op_degree 1, got {self.config.key()}")
+                raise ValueError(f"group {self.group_name}: model {spec.name!r} uses token adaptation, whose blocks "
+                                 "are not split by tensor parallelism; its group needs intra_op_degree 1, "
+                                 f"got {self.config.key()}")
             otas_parts = (otas, *load_otas_parts(spec, otas))
             source = source.model_copy(update={"adaptive_artifacts": otas.artifacts})
         # Text: the stages run embeddings and blocks; pooling of packed rows happens here, per request.
@@ -172,7 +173,8 @@ class GroupReplica:
         return hosted
 
     def _plan_for(self, model: str, num_layers: int) -> tuple[ParallelPlan, PlanOrigin]:
-        """The plan stored with the model's profile for this config, else even cuts (logged once per model and config)."""
+        """The plan stored with the model's profile for this config, else even cuts (logged once per model and
+        config)."""
         assert self.config is not None
         plan, origin = stored_or_even(self.stored_plans.get(model), num_layers, self.config.pipeline_stages,
                                       self.config.intra_op_degree)
@@ -197,7 +199,8 @@ class GroupReplica:
         without a replica restart. The devices themselves are the slot's placement-group bundles."""
         specs = [ModelSpec.model_validate(m) for m in user_config.get("models", [])]
         if len(specs) > MAX_MODELS_PER_GROUP:
-            raise ValueError(f"group {self.group_name}: {len(specs)} models exceed MAX_MODELS_PER_GROUP={MAX_MODELS_PER_GROUP}")
+            raise ValueError(f"group {self.group_name}: {len(specs)} models exceed "
+                             f"MAX_MODELS_PER_GROUP={MAX_MODELS_PER_GROUP}")
         config = ParallelConfig.model_validate(user_config["config"]) if user_config.get("config") else None
         if specs and config is None:
             raise ValueError(f"group {self.group_name}: user_config.config is required when models are hosted")
@@ -210,11 +213,13 @@ class GroupReplica:
         plans = user_config.get("plans", {})
         restart_all = config != self.config
         self.config = config
-        changed_plans = {name for name in set(plans) | set(self.stored_plans) if plans.get(name) != self.stored_plans.get(name)}
+        changed_plans = {name for name in set(plans) | set(self.stored_plans)
+                         if plans.get(name) != self.stored_plans.get(name)}
         self.stored_plans = plans
         wanted = {spec.name: spec for spec in specs}
         to_start = [spec for name, spec in wanted.items()
-                    if restart_all or name not in self.models or self.models[name].spec != spec or name in changed_plans]
+                    if restart_all or name not in self.models or self.models[name].spec != spec
+                    or name in changed_plans]
         # Models start side by side: each waits mostly for its stage actors' processes to come up.
         started = dict(zip([spec.name for spec in to_start],
                            await asyncio.gather(*(asyncio.to_thread(self._start_model, spec) for spec in to_start))))
@@ -276,8 +281,10 @@ class GroupReplica:
             hosted.engine = hosted.otas.engine
             return
         former = ImageBatchFormer(spec.max_batch_size, spec.batch_wait_timeout_ms / 1000.0)
-        hosted.engine = ServingEngine(name, former, StagedVisionBackend(hosted.runtime), max_batches_in_flight=in_flight,
-                                      on_batch=lambda batch, _: metrics.batch_size().observe(len(batch.items), tags={"model": spec.name}))
+        hosted.engine = ServingEngine(name, former, StagedVisionBackend(hosted.runtime),
+                                      max_batches_in_flight=in_flight,
+                                      on_batch=lambda batch, _: metrics.batch_size().observe(
+                                          len(batch.items), tags={"model": spec.name}))
 
     def _hosted(self, model: str) -> HostedModel:
         hosted = self.models.get(model)
@@ -321,7 +328,8 @@ class GroupReplica:
             # Only this model's in-flight batches fail; its stage actors are replaced in the background.
             self._rebuild_soon(hosted)
             outcomes = [RuntimeError(f"group {self.group_name}, model {model!r}: {o}; its stage actors are being "
-                                     "rebuilt, retry the request") if isinstance(o, GroupFailedError) else o for o in outcomes]
+                                     "rebuilt, retry the "
+                                     "request") if isinstance(o, GroupFailedError) else o for o in outcomes]
         return outcomes
 
     async def embed_token_ids(self, model: str, token_ids: list[list[int]]) -> list[list[float]]:
@@ -355,7 +363,8 @@ class GroupReplica:
         except GroupFailedError as error:
             # Only this model's in-flight batches fail; its stage actors are replaced in the background.
             self._rebuild_soon(hosted)
-            raise RuntimeError(f"group {self.group_name}, model {model!r}: {error}; its stage actors are being rebuilt, "
+            raise RuntimeError(f"group {self.group_name}, model {model!r}: {error}; its stage actors are being "
+                               "rebuilt, "
                                "retry the request") from None
         finally:
             hosted.in_flight -= 1
@@ -374,16 +383,21 @@ class GroupReplica:
         stage_pids: dict[str, list[list[int]]] = {}
         for name, hosted in self.models.items():
             await hosted.ready.wait()
-            stage_pids[name] = [list(await asyncio.gather(*(actor.ping.remote() for actor in row))) for row in hosted.runtime.actor_handles()]
+            stage_pids[name] = [list(await asyncio.gather(*(actor.ping.remote() for actor in row)))
+                                for row in hosted.runtime.actor_handles()]
         return {
-            "group": self.group_name, "config": self.config.model_dump() if self.config else None, "models": sorted(self.models),
-            "placement_version": self.placement_version, "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
+            "group": self.group_name, "config": self.config.model_dump() if self.config else None,
+            "models": sorted(self.models), "placement_version": self.placement_version, "pid": os.getpid(),
+            "node_id": ray.get_runtime_context().get_node_id(),
             "started_at_s": self.started_at_s, "queue_length": self.queue_length(), "stage_actor_pids": stage_pids,
             "rebuilds": {name: hosted.rebuilds for name, hosted in self.models.items()},
-            "stage_cuts": {name: {"origin": h.plan_origin, "stages": [[s.start_layer, s.end_layer] for s in h.runtime.plan.stages]}
+            "stage_cuts": {name: {"origin": h.plan_origin,
+                                  "stages": [[s.start_layer, s.end_layer] for s in h.runtime.plan.stages]}
                            for name, h in self.models.items()},
-            "runtime_lengths_tokens": {name: list(h.runtime_lengths_tokens) for name, h in self.models.items() if h.runtime_lengths_tokens},
-            "passes_by_width_tokens": {name: dict(h.passes_by_width) for name, h in self.models.items() if h.tokenizer is not None},
+            "runtime_lengths_tokens": {name: list(h.runtime_lengths_tokens) for name, h in self.models.items()
+                                       if h.runtime_lengths_tokens},
+            "passes_by_width_tokens": {name: dict(h.passes_by_width) for name, h in self.models.items()
+                                       if h.tokenizer is not None},
             "engines": {name: h.engine.totals.as_dict() for name, h in self.models.items() if h.engine is not None},
         }
 
@@ -418,5 +432,6 @@ def _num_layers(source: ModelSource) -> int:
     if depth is None:
         import timm
 
-        depth = len(timm.create_model(source.source.split(":", 1)[1], pretrained=False, num_classes=1, **source.timm_kwargs).blocks)
+        depth = len(timm.create_model(source.source.split(":", 1)[1], pretrained=False, num_classes=1,
+                                      **source.timm_kwargs).blocks)
     return int(depth) + 2
