@@ -240,7 +240,8 @@ def test_every_imported_project_name_exists():
     """Names imported from the project anywhere (benchmarks and tests included, and imports inside functions, which
     run only on some paths) exist where they are imported from: a moved name fails here, not halfway through a
     benchmark run."""
-    sources = [p for folder in (*ACYCLIC_PACKAGES, "benchmarks", "tests") for p in sorted((ROOT / folder).rglob("*.py"))]
+    folders = (*ACYCLIC_PACKAGES, "benchmarks", "tests")
+    sources = [p for folder in folders for p in sorted((ROOT / folder).rglob("*.py"))]
     missing = []
     for path in sources:
         for node in ast.walk(ast.parse(path.read_text())):
