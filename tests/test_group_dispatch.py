@@ -52,17 +52,3 @@ def test_a_cold_first_answer_alone_refuses_nothing():
     for _ in range(MIN_LATENCY_SAMPLES - 1):
         dispatcher.finished(0, "a", latency_s=0.5, ahead=0)
     assert dispatcher.choose("a", now_s=now, deadline_s=now + 1.0) is None  # measured now: 6 ahead x 0.5 s > 1 s
-
-
-def test_the_estimate_is_the_fast_end_of_recent_service_times():
-    dispatcher = GroupDispatcher([["a"]], make_dispatch("shortest_queue"))
-    for latency in (0.010, 0.030, 0.011, 0.031, 0.012, 0.032, 0.033, 0.034, 0.035, 0.036):  # slow half and fast half
-        dispatcher.finished(0, "a", latency, ahead=dispatcher.started(0))
-    assert dispatcher.groups[0].service_s["a"] == 0.011  # the 20% quantile, not the median (0.0315)
-    for _ in range(40):
-        dispatcher.started(0)
-    now = dispatcher.groups[0].measured_at_s["a"]
-    assert dispatcher.choose("a", now_s=now, deadline_s=now + 1.0) == 0  # 41 x 11 ms < 1 s: admitted
-    for _ in range(60):
-        dispatcher.started(0)
-    assert dispatcher.choose("a", now_s=now, deadline_s=now + 1.0) is None  # 101 x 11 ms > 1 s: refused

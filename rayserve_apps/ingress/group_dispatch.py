@@ -1,44 +1,31 @@
 """Ingress-side dispatch across device groups: which group deployment serves a request (AlpaServe §4.3).
 
 The ingress is the one sender of requests to the groups, so it knows each group's queue (requests it sent and
-that have not come back). Per (group, model) it estimates the service time optimistically, as a low quantile of the
-latest answered requests' measurements (robust to one stalled request; none before `MIN_LATENCY_SAMPLES` answers,
-since the first answer after a start or a rebuild includes the model's warm-up), and an idle group with a stale
-estimate gets one request as a probe. For each request it builds the same `placement.alpaserve.dispatch.GroupView`s
-the simulator builds and asks the same policy object; `None` means no group hosting the model can finish the request
-within its SLO, and the ingress answers 503 at once.
-
-Why optimistic: a refused client that sends again at once (a closed loop) costs the proxy and the ingress nearly
-what an answered one does, so refusals near the SLO boundary take CPU from serving, slow the group, and raise the
-estimate further. With the median, `benchmarks/serve_e2e.py` at 64 clients (SLO 1 s, capacity near 64 answers/s)
-fell into that loop in most runs. Refusing only what misses its deadline even at the fast end of recent service
-times keeps the refusals for real overload.
+that have not come back). Per (group, model) it estimates the service time as the median of the latest answered
+requests' measurements (robust to one stalled request; none before `MIN_LATENCY_SAMPLES` answers, since the
+first answer after a start or a rebuild includes the model's warm-up), and an idle group with a stale estimate gets one
+request as a probe. For each request it builds the same `placement.alpaserve.dispatch.GroupView`s the simulator builds
+and asks the same policy object; `None` means no group hosting the model can finish the request within its SLO, and
+the ingress answers 503 at once.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
 from placement.alpaserve.dispatch import DispatchPolicy, GroupView
 
-#: Latest measurements per (group, model) the service-time estimate is taken from: one stall (a replica being
+#: Latest measurements per (group, model) whose median is the service-time estimate: one stall (a replica being
 #: replaced, a model loading beside it) must not refuse a model's requests for long.
 LATENCY_SAMPLES = 15
-#: Quantile of those measurements used as the estimate (0.5 would be the median; lower is more optimistic).
-SERVICE_QUANTILE = 0.2
-#: Answers measured before the estimate may refuse anything: a quantile of fewer is one request's time, and the first
+#: Answers measured before the estimate may refuse anything: the median of fewer is one request's time, and the first
 #: request after a replica starts or a model is rebuilt pays for warm-up (a cold first answer once refused a burst).
 MIN_LATENCY_SAMPLES = 3
 #: Seconds without a measurement after which an idle group's estimate is re-checked by admitting one request.
 PROBE_AFTER_S = 2.0
-
-
-def low_quantile(values, quantile: float) -> float:
-    """The `quantile` of `values` by the nearest rank at or below it (no interpolation)."""
-    ordered = sorted(values)
-    return ordered[int(quantile * (len(ordered) - 1))]
 
 
 @dataclass
@@ -107,4 +94,4 @@ class GroupDispatcher:
             samples = state.samples.setdefault(model, deque(maxlen=LATENCY_SAMPLES))
             samples.append(sample)
             if len(samples) >= MIN_LATENCY_SAMPLES:
-                state.service_s[model] = low_quantile(samples, SERVICE_QUANTILE)
+                state.service_s[model] = statistics.median(samples)
