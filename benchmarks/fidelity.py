@@ -117,7 +117,7 @@ async def measure_step_s(spec: dict, load_s: float) -> float:
     from placement.alpaserve.placement_rollout import SlotLayout
     from placement.core.deployment_spec import parse_spec
     from placement.core.placement_plan import Placement
-    from rayserve_apps.app import INGRESS_DEPLOYMENT, group_deployment_name
+    from rayserve_apps.contracts import INGRESS_DEPLOYMENT, group_deployment_name
     from rayserve_apps.control.live_update import apply_overrides, layout_overrides
 
     parsed = parse_spec(spec)

@@ -5,6 +5,8 @@ the README's Layout table allows."""
 from __future__ import annotations
 
 import ast
+import importlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -232,3 +234,22 @@ def test_placement_core_imports_no_system_package_and_systems_not_each_other():
             if name.startswith(system):
                 others = [t for t in targets if t.startswith(SYSTEM_PACKAGES) and not t.startswith(system)]
                 assert not others, f"{name} imports {others}"
+
+
+def test_every_imported_project_name_exists():
+    """Names imported from the project anywhere (benchmarks and tests included, and imports inside functions, which
+    run only on some paths) exist where they are imported from: a moved name fails here, not halfway through a
+    benchmark run."""
+    folders = (*ACYCLIC_PACKAGES, "benchmarks", "tests")
+    sources = [p for folder in folders for p in sorted((ROOT / folder).rglob("*.py"))]
+    missing = []
+    for path in sources:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                    and node.module.split(".")[0] in (*ACYCLIC_PACKAGES, "benchmarks")):
+                continue
+            module = importlib.import_module(node.module)
+            for alias in node.names:
+                if not hasattr(module, alias.name) and importlib.util.find_spec(f"{node.module}.{alias.name}") is None:
+                    missing.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.module}.{alias.name}")
+    assert not missing, missing

@@ -43,15 +43,13 @@ from placement.core.placement_plan import GroupPlacement, Placement
 from placement.core.profiles import ParallelConfig
 from placement.core.traffic_window import RequestRecord, TrafficWindow, detect_rate_shifts
 from rayserve_apps import metrics
-from rayserve_apps.contracts import APP_NAME, INGRESS_DEPLOYMENT, group_deployment_name, initial_layout
+from rayserve_apps.contracts import APP_NAME, INGRESS_DEPLOYMENT, REPO_ROOT, group_deployment_name, initial_layout
 from rayserve_apps.control.decision_log import DecisionLog
 from rayserve_apps.control.live_update import apply_overrides, deployed_overrides, layout_overrides
 from rayserve_apps.control.runtime_allocations import RuntimeAllocations, ScalingUpdate
 
 logger = logging.getLogger("ray.serve")
 
-#: Relative profile paths in a spec are looked up in the working directory, then in the project root.
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 #: Seconds to wait for the replicas of a rollout step to report the step's placement version.
 STEP_TIMEOUT_S = 300.0
 #: Poll interval while waiting for a step.
@@ -62,8 +60,8 @@ SHIFT_POLL_S = 1.0
 
 def _base_dir(spec: DeploymentSpec) -> Path:
     path = (spec.planning or {}).get("profiles", {}).get("path")
-    if path and not Path(path).is_absolute() and not Path(path).exists() and (PROJECT_ROOT / path).exists():
-        return PROJECT_ROOT
+    if path and not Path(path).is_absolute() and not Path(path).exists() and (REPO_ROOT / path).exists():
+        return REPO_ROOT
     return Path.cwd()
 
 

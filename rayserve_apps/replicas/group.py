@@ -307,6 +307,13 @@ class GroupReplica:
 
         asyncio.get_running_loop().create_task(rebuild())
 
+    def _failed_over(self, hosted: HostedModel, error: Exception) -> RuntimeError:
+        """Only this model's in-flight batches fail: its stage actors are replaced in the background, and the
+        request's error says to retry."""
+        self._rebuild_soon(hosted)
+        return RuntimeError(f"group {self.group_name}, model {hosted.spec.name!r}: {error}; its stage actors are "
+                            "being rebuilt, retry the request")
+
     # ---- requests ----
 
     async def embed_batch(self, model: str, requests: list[list[list[int]]], budgets_s: list[float]) -> list:
@@ -324,13 +331,7 @@ class GroupReplica:
         finally:
             hosted.in_flight -= len(requests)
             self._queue_gauge.set(self.queue_length(), tags={"group": self.group_name})
-        if any(isinstance(o, GroupFailedError) for o in outcomes):
-            # Only this model's in-flight batches fail; its stage actors are replaced in the background.
-            self._rebuild_soon(hosted)
-            outcomes = [RuntimeError(f"group {self.group_name}, model {model!r}: {o}; its stage actors are being "
-                                     "rebuilt, retry the "
-                                     "request") if isinstance(o, GroupFailedError) else o for o in outcomes]
-        return outcomes
+        return [self._failed_over(hosted, o) if isinstance(o, GroupFailedError) else o for o in outcomes]
 
     async def embed_token_ids(self, model: str, token_ids: list[list[int]]) -> list[list[float]]:
         """One request's embeddings (handle callers, tests); ValueError for bad ids."""
@@ -361,11 +362,7 @@ class GroupReplica:
                 return await hosted.otas.classify(tensor, task_id, slo_ms, utility)
             return await hosted.engine.answer(list(tensor), hosted.engine.clock() + hosted.spec.slo_ms / 1000.0)
         except GroupFailedError as error:
-            # Only this model's in-flight batches fail; its stage actors are replaced in the background.
-            self._rebuild_soon(hosted)
-            raise RuntimeError(f"group {self.group_name}, model {model!r}: {error}; its stage actors are being "
-                               "rebuilt, "
-                               "retry the request") from None
+            raise self._failed_over(hosted, error) from None
         finally:
             hosted.in_flight -= 1
             self._queue_gauge.set(self.queue_length(), tags={"group": self.group_name})
