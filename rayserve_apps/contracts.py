@@ -100,16 +100,27 @@ def group_user_config(spec: DeploymentSpec, group: GroupPlacement | None, versio
             "plans": stored_plans(spec, group.models, group.config), "placement_version": version}
 
 
+def _profiles_entry(spec: DeploymentSpec) -> str | None:
+    return (spec.planning or {}).get("profiles", {}).get("path")
+
+
+def profiles_base_dir(spec: DeploymentSpec) -> Path:
+    """The directory a relative `planning.profiles.path` is read from: the working directory, or the repository root
+    when only the root has the file (`serve run` started elsewhere)."""
+    path = _profiles_entry(spec)
+    if path and not Path(path).is_absolute() and not Path(path).is_file() and (REPO_ROOT / path).is_file():
+        return REPO_ROOT
+    return Path.cwd()
+
+
 def profiles_path(spec: DeploymentSpec) -> Path | None:
-    """The spec's measured profile file (`planning.profiles.path`), from the working directory or the repository
-    root; None when the spec names none or the file does not exist."""
-    path = (spec.planning or {}).get("profiles", {}).get("path")
+    """The spec's measured profile file (`planning.profiles.path`, found as `profiles_base_dir` says); None when the
+    spec names none or the file does not exist."""
+    path = _profiles_entry(spec)
     if not path:
         return None
-    for candidate in (Path(path), REPO_ROOT / path):
-        if candidate.is_file():
-            return candidate.resolve()
-    return None
+    candidate = profiles_base_dir(spec) / path
+    return candidate.resolve() if candidate.is_file() else None
 
 
 @lru_cache(maxsize=4)

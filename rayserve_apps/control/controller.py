@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 from ray import serve
@@ -43,7 +42,13 @@ from placement.core.placement_plan import GroupPlacement, Placement
 from placement.core.profiles import ParallelConfig
 from placement.core.traffic_window import RequestRecord, TrafficWindow, detect_rate_shifts
 from rayserve_apps import metrics
-from rayserve_apps.contracts import APP_NAME, INGRESS_DEPLOYMENT, REPO_ROOT, group_deployment_name, initial_layout
+from rayserve_apps.contracts import (
+    APP_NAME,
+    INGRESS_DEPLOYMENT,
+    group_deployment_name,
+    initial_layout,
+    profiles_base_dir,
+)
 from rayserve_apps.control.decision_log import DecisionLog
 from rayserve_apps.control.live_update import apply_overrides, deployed_overrides, layout_overrides
 from rayserve_apps.control.runtime_allocations import RuntimeAllocations, ScalingUpdate
@@ -56,13 +61,6 @@ STEP_TIMEOUT_S = 300.0
 STEP_POLL_S = 0.25
 #: Seconds between two rate-shift tests within a period.
 SHIFT_POLL_S = 1.0
-
-
-def _base_dir(spec: DeploymentSpec) -> Path:
-    path = (spec.planning or {}).get("profiles", {}).get("path")
-    if path and not Path(path).is_absolute() and not Path(path).exists() and (REPO_ROOT / path).exists():
-        return REPO_ROOT
-    return Path.cwd()
 
 
 def layout_from_overrides(spec: DeploymentSpec, overrides: list[dict[str, Any]],
@@ -101,7 +99,7 @@ class PlacementController:
         self.app_name = app_name
         #: Group placement is re-planned only for an application with a placement.
         self.groups_enabled = self.spec.placement is not None
-        self.policy = replan_policy(self.spec, _base_dir(self.spec)) if self.groups_enabled else None
+        self.policy = replan_policy(self.spec, profiles_base_dir(self.spec)) if self.groups_enabled else None
         self.models = sorted(self.spec.placement.models()) if self.spec.placement is not None else []
         self.slo_s = [self.spec.model(name).slo_ms / 1000.0 for name in self.models]
         self.window = TrafficWindow(self.settings.period_s)
