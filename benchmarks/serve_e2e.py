@@ -215,6 +215,33 @@ class LoadGenerator:
         return point
 
 
+#: Processes whose CPU time the overload runs attribute, by a fragment of their command line (Ray's process titles).
+CPU_ROLES = {"proxy": "ProxyActor", "ingress": "plexserve:Ingress", "replicas": "ServeReplica:plexserve:",
+             "stage_actors": "StageShard"}
+
+
+def cpu_seconds_by_role() -> dict[str, float]:
+    """CPU seconds (user + system) so far of Serve's proxy, plexserve's ingress, its other replicas and this
+    process (the load generator), read from /proc (Linux); empty where /proc is not there."""
+    totals = {role: 0.0 for role in (*CPU_ROLES, "load_generator")}
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        seconds = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime (fields 14 and 15 of stat)
+        if int(entry.name) == os.getpid():
+            totals["load_generator"] += seconds
+            continue
+        for role, fragment in CPU_ROLES.items():  # the first matching role: the ingress before other replicas
+            if fragment in command:
+                totals[role] += seconds
+                break
+    return totals
+
+
 def _error_type(body: bytes) -> str:
     import json
 
@@ -353,11 +380,14 @@ def main() -> None:
         peak = max(p["goodput_per_s"] for p in points if p["system"] == "plexserve")
         if not args.skip_overload:
             for factor in OVERLOAD_FACTORS:
+                cpu_before = cpu_seconds_by_role()
                 point = loop.run_until_complete(generator.open_loop(
                     urls["plexserve"], Point("plexserve", "open", factor * peak, duration_s, slo_ms=slo_ms),
                     factor * peak, seed=int(factor * 10)))
-                points.append({**point.summary(), "factor": factor})
-                log.info("plexserve open loop at %.1fx peak (%.0f/s): %s", factor, factor * peak, _brief(points[-1]))
+                cpu_s = {role: round(s - cpu_before[role], 2) for role, s in cpu_seconds_by_role().items()}
+                points.append({**point.summary(), "factor": factor, "cpu_s_by_process": cpu_s})
+                log.info("plexserve open loop at %.1fx peak (%.0f/s): %s; CPU s by process %s", factor,
+                         factor * peak, _brief(points[-1]), cpu_s)
         loop.close()
     finally:
         serve.shutdown()

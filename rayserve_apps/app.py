@@ -15,7 +15,7 @@ import logging
 from typing import Any
 
 from ray.serve import Application
-from ray.serve.config import RequestRouterConfig
+from ray.serve.config import BackpressureConfig, RequestRouterConfig
 
 from models.device import CPU_RESOURCE, device_reservation
 from models.text_encoder import load_text_tokenizer
@@ -171,6 +171,9 @@ def build_app(args: dict[str, Any] | DeploymentSpec) -> Application:
     layout = initial_layout(spec)
     ingress = Ingress.options(ray_actor_options=replica_actor_options(spec.serving.num_cpus_ingress),
                               max_ongoing_requests=spec.serving.ingress_max_ongoing_requests,
+                              max_queued_requests=spec.serving.ingress_max_queued_requests,
+                              backpressure_config=BackpressureConfig(
+                                  retry_after_s=spec.serving.ingress_retry_after_s),
                               user_config=ingress_user_config(layout, layout.routes(), version=0))
     groups = []
     if spec.placement is not None:

@@ -5,6 +5,7 @@ stand in for the config's CPU-share devices. Text outputs equal the single-proce
 answers with its profiled gamma and the label the unified model gives at that gamma.
 """
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -94,3 +95,25 @@ def test_adaptive_vit_takes_task_slo_and_utility_and_names_bad_ones(local_app):
     grouped = requests.post(f"{local_app['url']}/v1/models/minilm-64/embed", json={"texts": ["still fine"]},
                             timeout=60)
     assert grouped.status_code == 200
+
+
+def test_past_the_ingress_bound_the_proxy_refuses_with_retry_after_and_nothing_fails(local_app):
+    """More requests at once than the config lets wait (`ingress_max_ongoing_requests` in the ingress plus
+    `ingress_max_queued_requests` held by Serve's proxy): the excess is refused with 503 and Retry-After by the
+    proxy, every other request is answered, and the app keeps answering afterwards."""
+    serving = local_app["spec"].serving
+    bound = serving.ingress_max_ongoing_requests + serving.ingress_max_queued_requests
+    assert serving.ingress_max_queued_requests >= 0, "local.yaml bounds what waits for the ingress"
+    url = f"{local_app['url']}/v1/models/minilm/embed"
+
+    def send(index: int) -> requests.Response:
+        return requests.post(url, json={"texts": [f"request number {index} of a burst"]}, timeout=300)
+
+    with ThreadPoolExecutor(max_workers=3 * bound) as pool:
+        answers = list(pool.map(send, range(3 * bound)))
+    statuses = [answer.status_code for answer in answers]
+    assert set(statuses) <= {200, 503}, sorted(set(statuses))
+    refused = [answer for answer in answers if answer.status_code == 503]
+    assert refused and statuses.count(200) >= serving.ingress_max_ongoing_requests // 2, statuses.count(200)
+    assert all(answer.headers.get("retry-after") == f"{serving.ingress_retry_after_s:.0f}" for answer in refused)
+    assert send(-1).status_code == 200

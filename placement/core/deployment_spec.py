@@ -144,7 +144,20 @@ class ServingSpec(_Strict):
     num_cpus_ingress: float = Field(default=0.25, gt=0, description="Logical CPUs reserved by the ingress replica.")
     ingress_max_ongoing_requests: int = Field(
         default=DEFAULT_INGRESS_MAX_ONGOING_REQUESTS, ge=1,
-        description="Requests one ingress replica handles at once (it mostly awaits model replicas, so many).")
+        description="Requests one ingress replica handles at once (it mostly awaits model replicas, so many). "
+                    "With `ingress_max_queued_requests` it bounds how long an accepted request can wait: about "
+                    "this many requests divided by the app's answers per second (Little's law), so set it near "
+                    "the app's throughput times its SLO to keep accepted requests within their SLO past saturation.")
+    ingress_max_queued_requests: int = Field(
+        default=-1, ge=-1,
+        description="Requests Ray Serve's proxy holds for the ingress while every ingress replica has "
+                    "`ingress_max_ongoing_requests` in flight; past it the proxy answers 503 (with Retry-After) "
+                    "itself, without a call to the ingress: the cheapest refusal on the path. -1: unbounded "
+                    "(Serve's default).")
+    ingress_retry_after_s: float = Field(
+        default=1.0, gt=0,
+        description="Retry-After (seconds, rounded up) of the proxy's 503 when `ingress_max_queued_requests` "
+                    "is reached.")
 
 
 #: Default seconds between two decisions of the placement controller.
