@@ -30,6 +30,7 @@ benchmarks/out/.
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import sys
@@ -75,6 +76,14 @@ TEXT_SEQ_LEN_TOKENS = 64
 VIT_ARCH = "vit_small_patch16_224"
 VIT_IMAGE_PX = 128
 VIT_CLASSES = 10
+#: The unequal-cost stand-in at a size where stage compute outweighs the per-request actor-call overhead: vit_small
+#: width with a 64k-class head (measured on this VM, 128 px, 1 thread: block ~4.5 ms, head ~12 ms, ~100 MB of head).
+UNEQUAL_ARCH = VIT_ARCH
+UNEQUAL_CLASSES = 64_000
+#: Requests per round and extra rounds of the planned-vs-even comparison (a round of --quick's 12 requests lasts
+#: ~0.2 s, too short for a stable ratio on a shared VM).
+PLANNED_VS_EVEN_REQUESTS = 40
+PLANNED_VS_EVEN_EXTRA_ROUNDS = 2
 CONFIGS = {
     "1-stage": ParallelConfig(intra_op_degree=1, pipeline_stages=1),
     "2-stage": ParallelConfig(intra_op_degree=1, pipeline_stages=2),
@@ -216,7 +225,7 @@ def stage_memory(group: ModelParallelGroup, profile: ModelLayerProfile) -> list[
 def planned_vs_even(directory: str, comm, args) -> dict:
     """The DP's 2-stage cut against the even cut on the unequal-cost stand-in, measured side by side."""
     torch.set_num_threads(1)
-    source = make_unequal_vit(directory, image_size_px=VIT_IMAGE_PX)
+    source = make_unequal_vit(directory, image_size_px=VIT_IMAGE_PX, arch=UNEQUAL_ARCH, num_classes=UNEQUAL_CLASSES)
     model = load_model(source)
     log.info("%s: profiling layers", source.name)
     profile = profile_layers(source, [BATCH_SIZE], repeats=args.repeats, model=model)
@@ -226,7 +235,9 @@ def planned_vs_even(directory: str, comm, args) -> dict:
     with torch.inference_mode():
         expected = [run_layers(model.layers(), s).hidden for s in states]
     del model
-    rounds, memory, _ = measure_side_by_side(source, plans, profile, states, expected, args, latency_requests=1)
+    longer = argparse.Namespace(rounds=args.rounds + PLANNED_VS_EVEN_EXTRA_ROUNDS,
+                                throughput_requests=PLANNED_VS_EVEN_REQUESTS)
+    rounds, memory, _ = measure_side_by_side(source, plans, profile, states, expected, longer, latency_requests=1)
     per_round = [p["throughput_rps"] / e["throughput_rps"] for p, e in zip(rounds["planned"], rounds["even"])]
     layer_s = [m.latency_s[shape_key(BATCH_SIZE, profile.tokens_per_sequence)] for m in profile.layers]
     result = {

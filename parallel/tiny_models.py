@@ -71,9 +71,9 @@ def make_tiny_vit(directory: str | Path, arch: str = TINY_VIT_ARCH, image_size_p
                        num_classes=num_classes, image_size_px=image_size_px, timm_kwargs=timm_kwargs)
 
 
-def make_unequal_vit(directory: str | Path, image_size_px: int = TINY_VIT_IMAGE_PX,
-                     name: str = "unequal-vit") -> ModelSource:
-    """The tiny ViT with 4 blocks and a very wide head (`UNEQUAL_VIT_CLASSES`): its layers' costs are unequal, so
-    the inter-op DP's 2-stage cut differs from the even one (tests of planned cuts, `planned_vs_even_throughput`)."""
-    return make_tiny_vit(directory, image_size_px=image_size_px, num_classes=UNEQUAL_VIT_CLASSES, name=name,
+def make_unequal_vit(directory: str | Path, image_size_px: int = TINY_VIT_IMAGE_PX, arch: str = TINY_VIT_ARCH,
+                     num_classes: int = UNEQUAL_VIT_CLASSES, name: str = "unequal-vit") -> ModelSource:
+    """A ViT with 4 blocks and a very wide head (`num_classes`): its layers' costs are unequal, so the inter-op DP's
+    2-stage cut differs from the even one (tests of planned cuts; `planned_vs_even_throughput` uses a wider arch)."""
+    return make_tiny_vit(directory, arch=arch, image_size_px=image_size_px, num_classes=num_classes, name=name,
                          timm_kwargs={**TINY_VIT_KWARGS, "depth": UNEQUAL_VIT_DEPTH})
