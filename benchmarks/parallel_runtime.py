@@ -11,6 +11,16 @@ thread per actor, and measures side by side:
 * the profile's prediction: latency = sum of stage latencies, throughput = 1 / largest stage latency;
 * the largest difference of any output from the unsplit model's.
 
+Then, on a stand-in ViT whose layers have deliberately unequal cost (`parallel.tiny_models.make_unequal_vit`: a
+head as dear as all its blocks), the 2-stage pipeline with the DP plan's cut and with `ParallelPlan.even`'s, both
+alive at once, throughput measured in interleaved rounds: `planned_vs_even_throughput` (planned over even, median
+of the per-round ratios; >= 1 by construction of the DP when the profile is right).
+
+Every pipeline stage actor reports its resident memory around loading its layers (it reads only its layers' tensors)
+against its planned weight share: `stage_memory_vs_planned` per model, configuration and stage, and
+`max_stage_memory_error` = the largest |resident / (planned share + runtime overhead) - 1| (goal <= 0.15), and
+`max_stage_weights_rss_error` = the largest |RSS its tensors added / planned share - 1|.
+
 Final JSON line: `pipeline2_throughput_ratio` (2 stages vs 1: median over rounds, the smaller of the two models),
 `max_prediction_error` (relative, over latency and throughput of every configuration), `max_abs_diff`,
 the CPU scaling of 2 processes vs 1 measured before and after (the ceiling of any 2-actor speed-up on this
@@ -20,6 +30,7 @@ benchmarks/out/.
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import sys
@@ -41,10 +52,17 @@ from models.layers import run_layers  # noqa: E402
 from parallel.configurations import ModelPlanner, block_prefix  # noqa: E402
 from parallel.group_runtime import ModelParallelGroup  # noqa: E402
 from parallel.plan import ParallelPlan, StagePlan  # noqa: E402
-from parallel.profiler import LayerProfileSet, device_description, profile_comm, profile_layers  # noqa: E402
+from parallel.profiler import (  # noqa: E402
+    LayerProfileSet,
+    ModelLayerProfile,
+    device_description,
+    profile_comm,
+    profile_layers,
+    shape_key,
+)
 from parallel.stage_layers import ModelSource, example_input, load_model  # noqa: E402
 from parallel.tensor_parallel import BlockShardingPlan  # noqa: E402
-from parallel.tiny_models import make_tiny_vit  # noqa: E402
+from parallel.tiny_models import make_tiny_vit, make_unequal_vit  # noqa: E402
 from placement.core.profiles import ParallelConfig  # noqa: E402
 
 log = setup_logging("parallel_runtime")
@@ -58,6 +76,14 @@ TEXT_SEQ_LEN_TOKENS = 64
 VIT_ARCH = "vit_small_patch16_224"
 VIT_IMAGE_PX = 128
 VIT_CLASSES = 10
+#: The unequal-cost stand-in at a size where stage compute outweighs the per-request actor-call overhead: vit_small
+#: width with a 64k-class head (measured on this VM, 128 px, 1 thread: block ~4.5 ms, head ~12 ms, ~100 MB of head).
+UNEQUAL_ARCH = VIT_ARCH
+UNEQUAL_CLASSES = 64_000
+#: Requests per round and extra rounds of the planned-vs-even comparison (a round of --quick's 12 requests lasts
+#: ~0.2 s, too short for a stable ratio on a shared VM).
+PLANNED_VS_EVEN_REQUESTS = 40
+PLANNED_VS_EVEN_EXTRA_ROUNDS = 2
 CONFIGS = {
     "1-stage": ParallelConfig(intra_op_degree=1, pipeline_stages=1),
     "2-stage": ParallelConfig(intra_op_degree=1, pipeline_stages=2),
@@ -92,9 +118,32 @@ def _round(group: ModelParallelGroup, states, expected, latency_requests: int, t
             "max_abs_diff": max(diffs)}
 
 
+def measure_side_by_side(source: ModelSource, plans: dict[str, ParallelPlan], profile: ModelLayerProfile, states,
+                         expected, args, latency_requests: int) -> tuple[dict, dict, dict]:
+    """Start one group per plan, all alive at once, and measure them in interleaved rounds (the machine is shared: a
+    load spike then hits every plan alike). Returns the rounds, the stage memory of the pipeline-only groups and
+    the weight bytes of every actor, by plan label."""
+    groups = {label: ModelParallelGroup(source, plan) for label, plan in plans.items()}
+    rounds: dict[str, list[dict]] = {label: [] for label in plans}
+    try:
+        for group in groups.values():
+            group.infer_many(states[:2])  # warm-up
+        for number in range(args.rounds):
+            for label, group in groups.items():
+                rounds[label].append(_round(group, states, expected, latency_requests, args.throughput_requests))
+            log.info("%s round %d/%d: %s req/s", source.name, number + 1, args.rounds,
+                     {label: round(r[-1]["throughput_rps"], 2) for label, r in rounds.items()})
+        memory = {label: stage_memory(group, profile) for label, group in groups.items()
+                  if group.plan.intra_op_degree == 1}
+        weight_bytes = {label: group.weight_bytes for label, group in groups.items()}
+    finally:
+        for group in groups.values():
+            group.shutdown()
+    return rounds, memory, weight_bytes
+
+
 def bench_model(source: ModelSource, comm, args, figures: dict) -> None:
-    """Plan the three configurations, start all three groups, and measure them in interleaved rounds (the machine
-    is shared: a load spike then hits every configuration alike)."""
+    """Plan the three configurations, start all three groups, and measure them side by side."""
     torch.set_num_threads(1)
     model = load_model(source)
     seq = TEXT_SEQ_LEN_TOKENS if source.kind == "text" else None
@@ -118,19 +167,8 @@ def bench_model(source: ModelSource, comm, args, figures: dict) -> None:
         log.info("%s %s: stages %s, predicted %.2f ms, %.1f req/s", source.name, label,
                  [(s.start_layer, s.end_layer) for s in plans[label].stages], 1e3 * sum(predictions[label]),
                  1.0 / max(predictions[label]))
-    groups = {label: ModelParallelGroup(source, plan) for label, plan in plans.items()}
-    rounds: dict[str, list[dict]] = {label: [] for label in plans}
-    try:
-        for group in groups.values():
-            group.infer_many(states[:2])  # warm-up
-        for number in range(args.rounds):
-            for label, group in groups.items():
-                rounds[label].append(_round(group, states, expected, args.latency_requests, args.throughput_requests))
-            log.info("%s round %d/%d: %s req/s", source.name, number + 1, args.rounds,
-                     {label: round(r[-1]["throughput_rps"], 2) for label, r in rounds.items()})
-    finally:
-        for group in groups.values():
-            group.shutdown()
+    rounds, memory, weight_bytes = measure_side_by_side(source, plans, profile, states, expected, args,
+                                                        args.latency_requests)
     results = {}
     for label, measured in rounds.items():
         latency = statistics.median(r["latency_s"] for r in measured)
@@ -139,7 +177,8 @@ def bench_model(source: ModelSource, comm, args, figures: dict) -> None:
         results[label] = {
             "latency_s": latency, "throughput_rps": throughput,
             "max_abs_diff": max(r["max_abs_diff"] for r in measured),
-            "weight_bytes_per_actor": groups[label].weight_bytes,
+            "weight_bytes_per_actor": weight_bytes[label],
+            **({"stage_memory_vs_planned": memory[label]} if label in memory else {}),
             "predicted_latency_s": predicted_latency, "predicted_throughput_rps": predicted_throughput,
             "latency_error": abs(predicted_latency - latency) / latency,
             "throughput_error": abs(predicted_throughput - throughput) / throughput,
@@ -152,6 +191,72 @@ def bench_model(source: ModelSource, comm, args, figures: dict) -> None:
     per_round = [b["throughput_rps"] / a["throughput_rps"] for a, b in zip(rounds["1-stage"], rounds["2-stage"])]
     results["pipeline2_throughput_ratio_median_of_rounds"] = statistics.median(per_round)
     figures[source.name] = results
+
+
+def stage_memory(group: ModelParallelGroup, profile: ModelLayerProfile) -> list[dict]:
+    """Each stage actor's resident memory against its planned weight share (the profile's weight bytes of its layers;
+    pipeline-only plans). Reading its tensors must add about its share (`weights_rss_over_planned`); beyond it the
+    actor holds a runtime overhead: the weightless model skeleton plus what serving requests added since
+    (activations, allocator caches). `resident_over_planned_plus_overhead` is the issue's check (goal within 15%);
+    `peak_load_delta_bytes` shows the load never held more than the stage's share."""
+    if group.plan.intra_op_degree != 1:
+        raise ValueError("stage_memory prices pipeline-only plans (intra_op_degree 1)")
+    reports = ray.get([row[0].memory_report.remote() for row in group.actors])
+    figures = []
+    for stage, report in zip(group.plan.stages, reports, strict=True):
+        if report["rss_before_load_bytes"] is None or report["rss_after_skeleton_bytes"] is None:
+            return []  # no /proc on this OS, or a model loaded whole
+        planned = sum(m.weight_bytes for m in profile.layers[stage.start_layer:stage.end_layer])
+        base, skeleton = report["rss_before_load_bytes"], report["rss_after_skeleton_bytes"]
+        weights = report["rss_after_load_bytes"] - skeleton
+        overhead = (skeleton - base) + max(0, report["rss_now_bytes"] - report["rss_after_load_bytes"])
+        resident = report["rss_now_bytes"] - base
+        figures.append({
+            "stage": [stage.start_layer, stage.end_layer], "planned_weight_bytes": planned,
+            "held_weight_bytes": report["weight_bytes"], "weights_rss_bytes": weights,
+            "weights_rss_over_planned": weights / planned, "skeleton_rss_bytes": skeleton - base,
+            "peak_load_delta_bytes": report["peak_rss_after_load_bytes"] - base,
+            "runtime_overhead_bytes": overhead, "resident_bytes": resident,
+            "resident_over_planned_plus_overhead": resident / (planned + overhead),
+        })
+    return figures
+
+
+def planned_vs_even(directory: str, comm, args) -> dict:
+    """The DP's 2-stage cut against the even cut on the unequal-cost stand-in, measured side by side."""
+    torch.set_num_threads(1)
+    source = make_unequal_vit(directory, image_size_px=VIT_IMAGE_PX, arch=UNEQUAL_ARCH, num_classes=UNEQUAL_CLASSES)
+    model = load_model(source)
+    log.info("%s: profiling layers", source.name)
+    profile = profile_layers(source, [BATCH_SIZE], repeats=args.repeats, model=model)
+    planned = ModelPlanner(profile, comm, None).plan(CONFIGS["2-stage"], BATCH_SIZE)
+    plans = {"planned": planned.plan, "even": ParallelPlan.even(len(profile.layers), pipeline_stages=2)}
+    states = [example_input(model, BATCH_SIZE, seed=i) for i in range(4)]
+    with torch.inference_mode():
+        expected = [run_layers(model.layers(), s).hidden for s in states]
+    del model
+    longer = argparse.Namespace(rounds=args.rounds + PLANNED_VS_EVEN_EXTRA_ROUNDS,
+                                throughput_requests=PLANNED_VS_EVEN_REQUESTS)
+    rounds, memory, _ = measure_side_by_side(source, plans, profile, states, expected, longer, latency_requests=1)
+    per_round = [p["throughput_rps"] / e["throughput_rps"] for p, e in zip(rounds["planned"], rounds["even"])]
+    layer_s = [m.latency_s[shape_key(BATCH_SIZE, profile.tokens_per_sequence)] for m in profile.layers]
+    result = {
+        "planned_vs_even_throughput": statistics.median(per_round),
+        "per_round": per_round,
+        "cuts_differ": plans["planned"] != plans["even"],
+        "layer_latency_s": layer_s,
+        "max_abs_diff": max(r["max_abs_diff"] for measured in rounds.values() for r in measured),
+        "stage_memory_vs_planned": memory,
+    }
+    for label, plan in plans.items():
+        stage_s = [sum(layer_s[s.start_layer:s.end_layer]) for s in plan.stages]
+        result[label] = {"stages": [[s.start_layer, s.end_layer] for s in plan.stages],
+                         "throughput_rps": statistics.median(r["throughput_rps"] for r in rounds[label]),
+                         "predicted_throughput_rps_from_layers": 1.0 / max(stage_s)}
+    log.info("%s: planned %s %.1f req/s vs even %s %.1f req/s: ratio %.2f", source.name, result["planned"]["stages"],
+             result["planned"]["throughput_rps"], result["even"]["stages"], result["even"]["throughput_rps"],
+             result["planned_vs_even_throughput"])
+    return result
 
 
 def _matmul_loop(seconds: float, queue) -> None:
@@ -227,6 +332,7 @@ def main() -> None:
             minilm = ModelSource(name="all-minilm-l6-v2", kind="text", source="package:all-minilm-l6-v2")
             for source in (minilm, vit):
                 bench_model(source, comm, args, figures)
+            unequal = planned_vs_even(tmp, comm, args)
     finally:
         ray.shutdown()
     scaling_after = two_process_cpu_scaling()
@@ -235,11 +341,21 @@ def main() -> None:
     configs = [r[label] for r in figures.values() for label in CONFIGS]
     errors = [c[k] for c in configs for k in ("latency_error", "throughput_error")]
     ratios = {name: r["pipeline2_throughput_ratio_median_of_rounds"] for name, r in figures.items()}
+    memory = {name: {label: r[label]["stage_memory_vs_planned"] for label in CONFIGS if "stage_memory_vs_planned"
+                     in r[label]} for name, r in figures.items()}
+    memory["unequal-vit"] = unequal["stage_memory_vs_planned"]
+    stages = [stage for per_model in memory.values() for per_config in per_model.values() for stage in per_config]
     emit_json({
         "pipeline2_throughput_ratio": min(ratios.values()),
         "pipeline2_throughput_ratio_per_model": ratios,
         "max_prediction_error": max(errors),
-        "max_abs_diff": max(c["max_abs_diff"] for c in configs),
+        "max_abs_diff": max(c["max_abs_diff"] for c in configs + [unequal]),
+        "planned_vs_even_throughput": unequal["planned_vs_even_throughput"],
+        "planned_vs_even": unequal,
+        "max_stage_memory_error": max((abs(s["resident_over_planned_plus_overhead"] - 1) for s in stages),
+                                      default=None),
+        "max_stage_weights_rss_error": max((abs(s["weights_rss_over_planned"] - 1) for s in stages), default=None),
+        "stage_memory_vs_planned": memory,
         "two_process_cpu_scaling_before_after": [scaling_before, scaling_after],
         "device": device_description(),
         "comm": LayerProfileSet(device=device_description(), comm=comm).comm.model_dump(),

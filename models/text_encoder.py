@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Sequence
+from typing import Literal, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +21,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from models.layers import ActivationState, Layer, parameter_bytes, run_layers
+from models.partial_load import parameters_on_meta
 
 logger = logging.getLogger(__name__)
 
@@ -152,13 +153,15 @@ class TextEncoder:
 
     kind = "text"
 
-    def __init__(self, name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, max_length: int):
+    def __init__(self, name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, max_length: int):
         self.name = name
         self.model = model.eval()
         self.tokenizer = tokenizer
         #: Longest input in tokens, special tokens included.
         self.max_length = max_length
-        self.text_tokenizer = TextTokenizer(tokenizer, max_length, model.config.vocab_size)
+        #: None for a weightless skeleton (`load_text_encoder(weights="none")`): pipeline stages never tokenize.
+        self.text_tokenizer = (TextTokenizer(tokenizer, max_length, model.config.vocab_size) if tokenizer is not None
+                               else None)
         self._layers = ([EmbeddingsLayer(model.embeddings)] + [BlockLayer(b) for b in model.encoder.layer]
                         + [MeanPoolNormalizeLayer()])
 
@@ -222,14 +225,28 @@ def load_text_tokenizer(source: str = MINILM_SOURCE) -> TextTokenizer:
                          config.vocab_size)
 
 
+def text_weight_file(source: str) -> Path:
+    """The weight file of a text model's directory (safetensors preferred)."""
+    directory = resolve_text_source(source)
+    return next(directory / name for name in _WEIGHT_FILES if (directory / name).exists())
+
+
 def load_text_encoder(source: str = MINILM_SOURCE, name: str | None = None, attn_implementation: str = "sdpa",
-                      num_threads: int | None = None) -> TextEncoder:
-    """Load a BERT-family encoder from a local source; never touches a hub."""
+                      num_threads: int | None = None, weights: Literal["all", "none"] = "all") -> TextEncoder:
+    """Load a BERT-family encoder from a local source; never touches a hub.
+
+    weights="none": the model is built from its config with its parameters on the meta device and no tokenizer, and
+    nothing is read (a pipeline stage then loads only its own tensors by name, `models.partial_load`)."""
     directory = resolve_text_source(source)
     if num_threads is not None:
         torch.set_num_threads(num_threads)
-    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    model = AutoModel.from_pretrained(directory, local_files_only=True, attn_implementation=attn_implementation)
+    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True) if weights == "all" else None
+    if weights == "none":
+        config = AutoConfig.from_pretrained(directory, local_files_only=True)
+        with parameters_on_meta():
+            model = AutoModel.from_config(config, attn_implementation=attn_implementation)
+    else:
+        model = AutoModel.from_pretrained(directory, local_files_only=True, attn_implementation=attn_implementation)
     if not hasattr(model, "embeddings") or not hasattr(model, "encoder"):
         raise ValueError(f"{directory} is not a BERT-family encoder (no embeddings/encoder modules)")
     max_length = _configured_max_length(directory, model.config.max_position_embeddings)

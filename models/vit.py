@@ -7,8 +7,10 @@ refuses, unless `allow_random_init=True` is passed explicitly (tests of code pat
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
+from typing import Literal
 
 import timm
 import torch
@@ -16,6 +18,7 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from models.layers import ActivationState, Layer, parameter_bytes, run_layers
+from models.partial_load import parameters_on_meta
 
 logger = logging.getLogger(__name__)
 
@@ -122,8 +125,11 @@ class VisionClassifier:
 
 def load_vit(source: str, checkpoint_path: str | Path | None = None, num_classes: int = 1000, image_size_px: int = 224,
              in_chans: int = 3, name: str | None = None, allow_random_init: bool = False,
-             **timm_kwargs) -> VisionClassifier:
-    """Build a timm ViT from `timm:<architecture>` and load local weights; never downloads."""
+             weights: Literal["all", "none"] = "all", **timm_kwargs) -> VisionClassifier:
+    """Build a timm ViT from `timm:<architecture>` and load local weights; never downloads.
+
+    weights="none": the parameters stay on the meta device and nothing is read (a pipeline stage then loads only
+    its own tensors by name, `models.partial_load`)."""
     if not source.startswith(TIMM_SOURCE_PREFIX):
         raise ValueError(f"vision source must look like 'timm:<architecture>', got {source!r}")
     architecture = source[len(TIMM_SOURCE_PREFIX):]
@@ -131,15 +137,16 @@ def load_vit(source: str, checkpoint_path: str | Path | None = None, num_classes
         raise ValueError(f"unknown timm architecture {architecture!r}")
     if checkpoint_path is None and not allow_random_init:
         raise ValueError(f"vision model {architecture!r} needs checkpoint_path: plexserve never downloads weights")
-    model = timm.create_model(architecture, pretrained=False, num_classes=num_classes, img_size=image_size_px,
-                              in_chans=in_chans, **timm_kwargs)
+    with parameters_on_meta() if weights == "none" else contextlib.nullcontext():
+        model = timm.create_model(architecture, pretrained=False, num_classes=num_classes, img_size=image_size_px,
+                                  in_chans=in_chans, **timm_kwargs)
     if not isinstance(model, VisionTransformer):
         raise ValueError(f"{architecture!r} is not a timm VisionTransformer")
-    if checkpoint_path is not None:
+    if checkpoint_path is not None and weights == "all":
         missing, unexpected = model.load_state_dict(load_state_dict(checkpoint_path), strict=False)
         if missing or unexpected:
             raise ValueError(f"checkpoint {checkpoint_path} does not fit {architecture}: missing {missing[:5]}, "
                              f"unexpected {unexpected[:5]}")
-    logger.info("loaded ViT %s (%s, %d classes, %s px)", name or architecture, checkpoint_path or "random init",
-                num_classes, image_size_px)
+    logger.info("loaded ViT %s (%s, %d classes, %s px)", name or architecture,
+                "no weights" if weights == "none" else checkpoint_path or "random init", num_classes, image_size_px)
     return VisionClassifier(name or architecture, model)

@@ -1,7 +1,8 @@
 """One Ray actor per (pipeline stage, tensor-parallel shard): it loads only its layers and runs them.
 
-The actor loads the model named by a `ModelSource`, keeps the layers of its stage (and of each block only its
-shard's slices, `parallel.stage_layers`), drops the rest, and serves `forward` calls in submission order. The
+The actor builds the model named by a `ModelSource` without weights, reads from the checkpoint only the tensors of
+its stage's layers (`parallel.stage_layers.load_stage_layers`), keeps of each block only its shard's slices, and
+serves `forward` calls in submission order; `memory_report` gives its resident memory around the load. The
 shards of one stage form a `torch.distributed` process group (gloo on CPU, nccl on GPU) for the collectives
 of the tensor-parallel blocks; every shard of a stage receives the same input and computes the same output, and
 only shard 0 returns it.
@@ -23,7 +24,7 @@ import torch
 from models.device import GPU_RESOURCE, select_device
 from models.layers import ActivationState, run_layers
 from parallel.plan import StagePlan
-from parallel.stage_layers import ModelSource, build_stage_layers, load_model
+from parallel.stage_layers import ModelSource, import_loader, load_stage_layers
 from parallel.tensor_parallel import Collectives, NoCollectives, ProcessGroupCollectives
 
 logger = logging.getLogger(__name__)
@@ -32,6 +33,29 @@ logger = logging.getLogger(__name__)
 CALL_LOG_LENGTH = 1024
 #: How long a collective may wait for a peer shard before gloo gives up (a dead peer surfaces as an error).
 COLLECTIVE_TIMEOUT_S = 60
+KIB = 1024
+
+
+def _proc_status_bytes(field: str) -> int | None:
+    """A memory field of /proc/self/status ('VmRSS', 'VmHWM') in bytes; None off Linux."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * KIB
+    except OSError:
+        return None
+    return None
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory (RSS)."""
+    return _proc_status_bytes("VmRSS")
+
+
+def peak_resident_bytes() -> int | None:
+    """This process's peak resident memory so far (high-water mark)."""
+    return _proc_status_bytes("VmHWM")
 
 
 def _state_to(state: ActivationState, device: torch.device) -> ActivationState:
@@ -54,6 +78,7 @@ class StageShard:
         self.degree = degree
         self.layers = None
         self.weight_bytes = 0
+        self.memory: dict[str, int | None] = {}
         #: CUDA when the actor reserved a GPU and torch sees one (`models.device.select_device`).
         self.device = select_device(device_resource)
         #: (start, end) wall-clock seconds of every forward call, for checking that stages overlap.
@@ -79,13 +104,18 @@ class StageShard:
             dist.init_process_group(backend, init_method=f"tcp://{master_address}:{master_port}", rank=self.rank,
                                     world_size=self.degree, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
             collectives = ProcessGroupCollectives()
-        model = load_model(self.source)
-        stage = build_stage_layers(model, self.stage.start_layer, self.stage.end_layer, collectives,
-                                   self.stage.block_plans())
-        del model
+        import_loader(self.source)  # the library's code is not the stage's memory
+        gc.collect()
+        before = resident_bytes()
+        skeleton: list[int | None] = []
+        stage = load_stage_layers(self.source, self.stage.start_layer, self.stage.end_layer, collectives,
+                                  self.stage.block_plans(), on_skeleton=lambda: skeleton.append(resident_bytes()))
         gc.collect()
         self.layers = [layer.to(self.device) for layer in stage.layers]
         self.weight_bytes = stage.weight_bytes
+        self.memory = {"weight_bytes": self.weight_bytes, "rss_before_load_bytes": before,
+                       "rss_after_skeleton_bytes": skeleton[0] if skeleton else None,
+                       "rss_after_load_bytes": resident_bytes(), "peak_rss_after_load_bytes": peak_resident_bytes()}
         logger.info("stage %d shard %d/%d holds layers [%d, %d): %d weight bytes (pid %d)", self.stage_index, self.rank,
                     self.degree, self.stage.start_layer, self.stage.end_layer, self.weight_bytes, os.getpid())
         return self.weight_bytes
@@ -101,6 +131,12 @@ class StageShard:
         if self.rank != 0:
             return None
         return _state_to(out, torch.device("cpu")) if self.device.type != "cpu" else out
+
+    def memory_report(self) -> dict[str, int | None]:
+        """Resident memory of this actor in bytes (None where /proc is missing): before loading its layers (the
+        loader's modules already imported), after building the weightless model (None for models loaded whole),
+        after reading its tensors, the peak right after loading and so far, now, and the weight bytes it holds."""
+        return {**self.memory, "rss_now_bytes": resident_bytes(), "peak_rss_bytes": peak_resident_bytes()}
 
     def ping(self) -> int:
         return os.getpid()

@@ -5,6 +5,9 @@ that a Ray actor can load it by itself. `build_stage_layers` keeps only the laye
 block only this shard's slices of the weights (`parallel.tensor_parallel`); everything else is dropped so the actor
 holds its share of the weights and no more. Embeddings and heads are kept whole (replicated over the stage's
 shards).
+
+`load_stage_layers` is what a stage actor runs: it builds the model without weights (`models.partial_load`) and
+reads from the checkpoint only the tensors of its stage's layers, so its memory is its share even while loading.
 """
 
 from __future__ import annotations
@@ -13,13 +16,15 @@ import copy
 import gc
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from models.adaptive_vit_layers import AdaptiveBlockLayer, load_adaptive_backbone
 from models.layers import ActivationState, Layer, run_layers
+from models.partial_load import CheckpointTensors, load_named, meta_tensor_names, tensor_names
 from parallel.tensor_parallel import (
     BlockShardingPlan,
     Collectives,
@@ -53,19 +58,48 @@ class ModelSource(BaseModel):
         "adaptive ViT backbone at each batch's gamma (models/adaptive_vit_layers.py) instead of `source`.")
 
 
-def load_model(source: ModelSource):
-    """The TextEncoder or VisionClassifier that `source` names (never downloads)."""
+def load_model(source: ModelSource, weights: Literal["all", "none"] = "all"):
+    """The TextEncoder or VisionClassifier that `source` names (never downloads); weights="none" builds it with its
+    parameters on the meta device and reads no weights (not for token-adaptation artefacts)."""
     if source.kind == "text":
         from models.text_encoder import load_text_encoder
 
-        return load_text_encoder(source.source, name=source.name)
+        return load_text_encoder(source.source, name=source.name, weights=weights)
     if source.adaptive_artifacts is not None:
+        if weights != "all":
+            raise ValueError("a token-adaptation model (adaptive_artifacts) is always loaded whole")
         return load_adaptive_backbone(source.adaptive_artifacts, source.name)
     from models.vit import load_vit
 
     return load_vit(source.source, checkpoint_path=source.checkpoint_path, num_classes=source.num_classes,
                     image_size_px=source.image_size_px, name=source.name, allow_random_init=source.allow_random_init,
-                    **source.timm_kwargs)
+                    weights=weights, **source.timm_kwargs)
+
+
+def import_loader(source: ModelSource) -> None:
+    """Import the code that builds `source` (transformers and its architecture's module for text, timm for vision)
+    without loading any weights, so that memory measured around a load is the model's, not the library's."""
+    if source.kind == "text":
+        from transformers import AutoConfig
+        from transformers.models.auto.modeling_auto import MODEL_MAPPING
+
+        from models.text_encoder import resolve_text_source
+
+        MODEL_MAPPING[type(AutoConfig.from_pretrained(resolve_text_source(source.source), local_files_only=True))]
+    else:
+        import models.vit  # noqa: F401
+
+
+def weight_file(source: ModelSource) -> tuple[Path, tuple[str, ...]] | None:
+    """The checkpoint a stage can read its tensors from by name, with the key prefixes to try; None when the model
+    has none to read by name (random-init stand-ins, token-adaptation artefacts: those are loaded whole)."""
+    if source.kind == "text":
+        from models.text_encoder import text_weight_file
+
+        return text_weight_file(source.source), ("", TEXT_CHECKPOINT_PREFIX)
+    if source.adaptive_artifacts is not None or source.checkpoint_path is None:
+        return None
+    return Path(source.checkpoint_path), ("",)
 
 
 def _strip_vit(vit: nn.Module, keep_modules: set[str], keep_parameters: set[str]) -> nn.Module:
@@ -79,6 +113,8 @@ def _strip_vit(vit: nn.Module, keep_modules: set[str], keep_parameters: set[str]
     return stripped
 
 
+#: Key prefix of a BERT encoder's tensors when its checkpoint is a task model's (e.g. BertForMaskedLM's "bert.").
+TEXT_CHECKPOINT_PREFIX = "bert."
 #: timm ViT parts the embeddings layer runs (`patch_embed`, `_pos_embed`, `patch_drop`, `norm_pre`).
 VIT_EMBEDDING_MODULES = {"patch_embed", "pos_drop", "patch_drop", "norm_pre"}
 VIT_EMBEDDING_PARAMETERS = {"cls_token", "reg_token", "pos_embed"}
@@ -147,6 +183,37 @@ def build_stage_layers(model, start: int, end: int, collectives: Collectives,
     del layers
     gc.collect()
     return StageSlice(layers=stage, weight_bytes=weight_bytes)
+
+
+def load_stage_layers(source: ModelSource, start: int, end: int, collectives: Collectives,
+                      plans: dict[int, BlockShardingPlan] | None = None,
+                      on_skeleton: Callable[[], object] | None = None) -> StageSlice:
+    """Layers [start, end) of `source` for shard `collectives.rank`, reading only their tensors from the checkpoint.
+
+    The model is built with its parameters on the meta device; the tensors the stage's layers hold are read by
+    name and everything else is never materialised; `on_skeleton` is called between the two (a stage actor
+    measures its memory there). Models without a checkpoint to read by name are loaded whole and cut
+    (`build_stage_layers`)."""
+    checkpoint = weight_file(source)
+    if checkpoint is None:
+        return build_stage_layers(load_model(source), start, end, collectives, plans)
+    model = load_model(source, weights="none")
+    layers = standalone_layers(model)
+    if not 0 <= start < end <= len(layers):
+        raise ValueError(f"stage layers [{start}, {end}) outside the model's {len(layers)} layers")
+    names = tensor_names(model.model, layers[start:end])
+    del layers
+    if on_skeleton is not None:
+        on_skeleton()
+    path, prefixes = checkpoint
+    with CheckpointTensors(path, prefixes) as tensors:
+        load_named(model.model, names, tensors)
+    stage = build_stage_layers(model, start, end, collectives, plans)
+    missing = meta_tensor_names(nn.ModuleList(stage.layers))
+    if missing:
+        raise ValueError(f"stage layers [{start}, {end}) of {source.name!r} hold tensors that are not in {path}: "
+                         f"{missing[:5]}")
+    return stage
 
 
 def run_plan_in_process(model, plan: "ParallelPlan", state: ActivationState) -> ActivationState:

@@ -26,6 +26,12 @@ TINY_VIT_IMAGE_PX = 32
 TINY_VIT_CLASSES = 10
 #: The stand-in ViT: vit_tiny's width with 4 heads (divisible by 2 and 4 shards) and 2 blocks.
 TINY_VIT_KWARGS = {"depth": 2, "num_heads": 4}
+#: The stand-in with deliberately unequal layer costs: 4 blocks and a classifier head this wide (like a language
+#: model's vocabulary projection), which costs about as much as all four blocks together (measured on this VM at
+#: 128 px, one thread: block ~0.9 ms, head ~3.8 ms), so the cheapest 2-stage cut puts the head alone on stage 2
+#: while `ParallelPlan.even` cuts after the second block.
+UNEQUAL_VIT_DEPTH = 4
+UNEQUAL_VIT_CLASSES = 32_000
 SEED = 0
 
 
@@ -63,3 +69,11 @@ def make_tiny_vit(directory: str | Path, arch: str = TINY_VIT_ARCH, image_size_p
     torch.save(model.state_dict(), path)
     return ModelSource(name=name, kind="vision", source=f"timm:{arch}", checkpoint_path=str(path),
                        num_classes=num_classes, image_size_px=image_size_px, timm_kwargs=timm_kwargs)
+
+
+def make_unequal_vit(directory: str | Path, image_size_px: int = TINY_VIT_IMAGE_PX, arch: str = TINY_VIT_ARCH,
+                     num_classes: int = UNEQUAL_VIT_CLASSES, name: str = "unequal-vit") -> ModelSource:
+    """A ViT with 4 blocks and a very wide head (`num_classes`): its layers' costs are unequal, so the inter-op DP's
+    2-stage cut differs from the even one (tests of planned cuts; `planned_vs_even_throughput` uses a wider arch)."""
+    return make_tiny_vit(directory, arch=arch, image_size_px=image_size_px, num_classes=num_classes, name=name,
+                         timm_kwargs={**TINY_VIT_KWARGS, "depth": UNEQUAL_VIT_DEPTH})
