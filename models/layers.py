@@ -29,6 +29,15 @@ class ActivationState:
     #: Anything else a model needs to carry (all tensors), e.g. token sizes for token merging.
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
+    def to(self, device: torch.device) -> "ActivationState":
+        """The same state with every tensor on `device` (no copies for tensors already there)."""
+        def move(tensor: torch.Tensor | None) -> torch.Tensor | None:
+            return tensor.to(device) if tensor is not None else None
+
+        return ActivationState(hidden=move(self.hidden), attention_mask=move(self.attention_mask),
+                               attention_bias=move(self.attention_bias),
+                               extras={key: move(value) for key, value in self.extras.items()})
+
 
 class Layer(nn.Module):
     """One entry of a model's layer view."""

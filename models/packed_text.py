@@ -89,7 +89,7 @@ class PackedTextEncoder:
             attention_bias=block_diagonal_mask(batch.segment_ids, self.mask_kind, dtype),
             extras={"position_ids": batch.position_ids, "token_type_ids": batch.token_type_ids},
         )
-        return run_layers(self._body, state).hidden
+        return run_layers(self._body, state.to(self.encoder.model.device)).hidden
 
     def embed_packed(self, batch: PackedBatch, with_token_states: bool = False) -> PackedOutput:
         hidden = self.forward_packed(batch)

@@ -120,7 +120,8 @@ class VisionClassifier:
     @torch.inference_mode()
     def logits(self, images: torch.Tensor) -> torch.Tensor:
         self.check_images(images)
-        return run_layers(self._layers, ActivationState(hidden=images.float())).hidden
+        device = next(self.model.parameters()).device
+        return run_layers(self._layers, ActivationState(hidden=images.float().to(device))).hidden
 
 
 def load_vit(source: str, checkpoint_path: str | Path | None = None, num_classes: int = 1000, image_size_px: int = 224,

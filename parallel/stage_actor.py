@@ -58,13 +58,6 @@ def peak_resident_bytes() -> int | None:
     return _proc_status_bytes("VmHWM")
 
 
-def _state_to(state: ActivationState, device: torch.device) -> ActivationState:
-    move = lambda t: t.to(device) if t is not None else None  # noqa: E731
-    return ActivationState(hidden=move(state.hidden), attention_mask=move(state.attention_mask),
-                           attention_bias=move(state.attention_bias),
-                           extras={key: move(value) for key, value in state.extras.items()})
-
-
 class StageShard:
     """The body of a stage actor (a plain class so it can be wrapped by `ray.remote` with any options)."""
 
@@ -126,11 +119,11 @@ class StageShard:
             raise RuntimeError(f"stage {self.stage_index} shard {self.rank} was not set up")
         started = time.time()
         with torch.inference_mode():
-            out = run_layers(self.layers, _state_to(state, self.device))
+            out = run_layers(self.layers, state.to(self.device))
         self.calls.append((started, time.time()))
         if self.rank != 0:
             return None
-        return _state_to(out, torch.device("cpu")) if self.device.type != "cpu" else out
+        return out.to(torch.device("cpu")) if self.device.type != "cpu" else out
 
     def memory_report(self) -> dict[str, int | None]:
         """Resident memory of this actor in bytes (None where /proc is missing): before loading its layers (the

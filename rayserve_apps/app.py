@@ -75,6 +75,12 @@ def model_actor_options(model: ModelSpec, device_resource: str) -> dict[str, Any
         return options
     return {**options, **device_reservation(device_resource, model.device_share_per_replica, logical=False)}
 
+
+def model_device_resource(model: ModelSpec, device_resource: str) -> str:
+    """The device resource a single-model replica computes on: the cluster's when the replica reserves a share of
+    it (`model_actor_options`), else the CPU (`models.device.select_device` then keeps the model there)."""
+    return device_resource if model.device_share_per_replica is not None else CPU_RESOURCE
+
 #: Seconds between a group replica's routing-stats reports (hosted models, queue length) to the router.
 ROUTING_STATS_PERIOD_S = 1.0
 #: Seconds Serve waits for a stopping group replica's in-flight requests (a group stopped by a re-placement).
@@ -114,9 +120,10 @@ def _bind_model(spec: DeploymentSpec, model: ModelSpec) -> Application:
         limit = model.max_input_length_tokens or load_text_tokenizer(model.source).max_length
         batching_scheduler_for(model, batching, limit)  # a bad batching parameter fails here, before deploying
         return TextModelDeployment.options(**options).bind(model.model_dump(mode="json"),
-                                                           batching.model_dump(mode="json") if batching else None)
+                                                           batching.model_dump(mode="json") if batching else None,
+                                                           model_device_resource(model, spec.cluster.device_resource))
     return VisionModelDeployment.options(**options, max_ongoing_requests=vision_max_ongoing_requests(model)).bind(
-        model.model_dump(mode="json"))
+        model.model_dump(mode="json"), model_device_resource(model, spec.cluster.device_resource))
 
 
 def bind_polymorph_model(model: ModelSpec, params: dict, deployment_name: str, assignment: dict[int, int] | None = None,

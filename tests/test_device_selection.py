@@ -12,7 +12,7 @@ from parallel.group_runtime import ModelParallelGroup
 from parallel.plan import ParallelPlan
 from parallel.stage_layers import ModelSource
 from placement.core.deployment_spec import parse_spec
-from rayserve_apps.app import bind_polymorph_model, model_actor_options
+from rayserve_apps.app import bind_polymorph_model, model_actor_options, model_device_resource
 from rayserve_apps.replicas.group import MAX_MODELS_PER_GROUP
 
 
@@ -54,6 +54,32 @@ def test_single_model_deployments_reserve_a_named_gpu_share_only_on_gpu_clusters
         assert "num_gpus" not in options and "resources" not in options
     with pytest.raises(ValueError, match="device_share_per_replica"):
         _spec("GPU", share=2.0)
+
+
+def test_a_single_model_replica_computes_on_the_gpu_only_when_it_reserved_a_share(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with_share, without = _spec("GPU", share=0.5).model("minilm"), _spec("GPU").model("minilm")
+    assert select_device(model_device_resource(with_share, "GPU")) == torch.device("cuda")
+    assert select_device(model_device_resource(without, "GPU")) == torch.device("cpu")
+    assert select_device(model_device_resource(with_share, "device")) == torch.device("cpu")
+
+
+def test_replica_models_take_their_inputs_to_the_device_of_their_weights():
+    """The text replica's packed encoder and the vision replica's classifier move each batch to where the weights
+    are (the meta device stands in for CUDA: a CPU input reaching meta weights would raise)."""
+    from models import load_text_encoder
+    from models.packed_text import PackedTextEncoder
+    from models.vit import load_vit
+
+    encoder = load_text_encoder()
+    packed = PackedTextEncoder(encoder)
+    batch = packed.pack(encoder.text_tokenizer.encode(["hello world", "a somewhat longer text"]), row_length_tokens=32)
+    encoder.model.to("meta")
+    assert packed.forward_packed(batch).device.type == "meta"
+    classifier = load_vit("timm:vit_tiny_patch16_224", num_classes=10, image_size_px=32, in_chans=1,
+                          allow_random_init=True)
+    classifier.model.to("meta")
+    assert classifier.logits(torch.zeros(2, 1, 32, 32)).device.type == "meta"
 
 
 def test_polymorph_runtime_replicas_reserve_the_gpu_share():

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 from ray import serve
 
+from models.device import CPU_RESOURCE, select_device
 from models.packed_text import PackedTextEncoder
 from models.text_encoder import load_text_encoder
 from ops.packing import PackedBatch
@@ -63,10 +64,14 @@ def text_batch_metrics(model: str):
 class TextModelDeployment:
     """Hosts one text encoder; `embed_batch` / `embed_token_ids` are its API."""
 
-    def __init__(self, model_spec: dict, batching_policy: dict | None = None):
+    def __init__(self, model_spec: dict, batching_policy: dict | None = None, device_resource: str = CPU_RESOURCE):
         self.spec = ModelSpec.model_validate(model_spec)
         set_torch_threads_for(self.spec.num_cpus_per_replica)
         self.encoder = load_text_encoder(self.spec.source, name=self.spec.name)
+        #: CUDA when this replica reserved a GPU share and torch sees it (`models.device.select_device`); the
+        #: packed batches go there and the embeddings come back as CPU rows.
+        self.device = select_device(device_resource)
+        self.encoder.model.to(self.device)
         self.limit = min(self.spec.max_input_length_tokens or self.encoder.max_length, self.encoder.max_length)
         self.scheduler = batching_scheduler_for(self.spec, batching_policy, self.limit)
         self._totals = {"real_tokens": 0, "computed_tokens": 0, "utility": 0.0}

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from ray import serve
 
+from models.device import CPU_RESOURCE, select_device
 from models.vit import load_vit
 from placement.core.deployment_spec import ModelSpec
 from rayserve_apps._threads import set_torch_threads_for
@@ -29,8 +30,11 @@ from rayserve_apps.engine.otas_executor import OtasExecutor, OtasMetrics, load_o
 class VisionModelDeployment:
     """Hosts one ViT classifier; `classify` is its whole API."""
 
-    def __init__(self, model_spec: dict):
+    def __init__(self, model_spec: dict, device_resource: str = CPU_RESOURCE):
         self.spec = ModelSpec.model_validate(model_spec)
+        #: CUDA when this replica reserved a GPU share and torch sees it (`models.device.select_device`); the
+        #: token-adaptation (OTAS) path stays on the CPU.
+        self.device = select_device(device_resource)
         set_torch_threads_for(self.spec.num_cpus_per_replica)
         self.otas: OtasExecutor | None = None
         otas = token_adaptation_params(self.spec)
@@ -44,6 +48,7 @@ class VisionModelDeployment:
             image_size_px=self.spec.image_size_px or 224, in_chans=self.spec.in_chans, name=self.spec.name,
             **self.spec.timm_kwargs,
         )
+        self.classifier.model.to(self.device)
         former = ImageBatchFormer(self.spec.max_batch_size, self.spec.batch_wait_timeout_ms / 1000.0)
         self.engine = ServingEngine(self.spec.name, former, InProcessVisionBackend(self.classifier))
 
