@@ -102,7 +102,7 @@ def query_types(tasks: list[str], tight_s: float, loose_s: float) -> list[QueryT
 def policies(profile: OtasProfile, scale: float, labels_per_cell: int | None = DP_LABELS_PER_CELL,
              paper_preset: bool = False) -> dict:
     """name -> factory of a fresh scheduler (policies keep state). With `paper_preset`, also 'otas_paper': Alg. 2
-    with one label per cell (`TokenAllocationParams.paper`)."""
+    with one label per cell and Alg. 3 from f(q) alone (`TokenAllocationParams.paper`)."""
     batching = AdaptiveBatchingParams(delta_s=PAPER_DELTA_S * scale, epsilon=BATCH_CAP, eta_s=PAPER_ETA_S * scale,
                                       mu=0.8)
     window = PAPER_SEGMENT_S * scale
@@ -111,7 +111,8 @@ def policies(profile: OtasProfile, scale: float, labels_per_cell: int | None = D
     factories = {"otas": lambda: OtasScheduler(OtasTokenAllocator(profile, otas_params, BATCH_CAP), batching, 0.0,
                                                window)}
     if paper_preset:
-        paper_params = TokenAllocationParams.paper(**otas_params.model_dump(exclude={"max_labels_per_cell"}))
+        paper_params = TokenAllocationParams.paper(
+            **otas_params.model_dump(exclude=set(TokenAllocationParams.PAPER_VALUES)))
         factories["otas_paper"] = lambda: OtasScheduler(OtasTokenAllocator(profile, paper_params, BATCH_CAP), batching,
                                                         0.0, window)
     for gamma in profile.gamma_list:

@@ -192,11 +192,70 @@ def test_load_allocation_rules():
     doomed = OtasBatch([request(slo=0.001, utility=0.1)])
     critical = OtasBatch([request(slo=5.0, utility=0.95)])
     normal = OtasBatch([request(slo=6.0, utility=0.1)])
-    plan = allocate_by_load([normal, critical, doomed], 0.0, GAMMAS, estimate, rate_rps=1e6, rate_to_gamma=f, kappa=0.8)
+    plan = allocate_by_load([normal, critical, doomed], 0.0, GAMMAS, estimate, rate_rps=1e6, rate_to_gamma=f, kappa=0.8,
+                            use_queue_slack=False)  # Alg. 3 as published
     by_batch = dict(zip(map(id, plan.batches), plan.gammas))
     assert by_batch[id(doomed)] == min(GAMMAS)  # would miss its deadline
     assert by_batch[id(critical)] == max(GAMMAS)  # mean utility > kappa
     assert by_batch[id(normal)] == f(1e6) == min(GAMMAS)
+
+
+def test_load_allocation_gives_critical_batches_the_most_accurate_gamma_not_max_list():
+    """Above kappa the published Alg. 3 takes max(L), the most accurate gamma where accuracy grows with gamma. On a
+    profile where prompts lower the accuracy (here gamma 4 below gamma 0), the default takes the gamma of the
+    highest estimated utility that meets the batch's deadline."""
+    table = {-8: BatchEstimate(0.1, 0.7), 0: BatchEstimate(0.2, 0.9), 4: BatchEstimate(0.3, 0.8)}
+    critical = [OtasBatch([request(slo=5.0, utility=0.95)])]
+    args = (critical, 0.0, list(table), lambda batch, gamma: table[gamma], 1.0, lambda rate: -8, 0.8)
+    assert allocate_by_load(*args, use_queue_slack=False).gammas == [4]
+    assert allocate_by_load(*args).gammas == [0]
+
+
+def test_load_allocation_does_not_merge_when_the_queue_meets_its_deadlines_at_gamma_0():
+    """The arrival rate of the last window passes the gamma-0 throughput, so Alg. 3's f(q) picks a merged gamma;
+    but the queue is short and every batch meets its deadline at every gamma. Problem (1) asks for the most utility
+    subject to the deadlines: the scheduler runs the most accurate gamma, not the merged one. The published Alg. 3
+    (`TokenAllocationParams.paper()`) takes f(q)'s merged gamma."""
+    profile = make_profile(0)
+    window_s, queries = 0.05, 15
+    rate = queries / window_s
+    assert RateToGamma.from_profile(profile, batch_size=8)(rate) < 0 < 0.9 * profile.throughput_rps(0, 8) < rate
+    gammas = {}
+    for name, params in {"default": TokenAllocationParams(gamma_list=GAMMAS, initial_stage_s=0.0),
+                         "paper": TokenAllocationParams.paper(gamma_list=GAMMAS, initial_stage_s=0.0)}.items():
+        scheduler = OtasScheduler(OtasTokenAllocator(profile, params, batch_cap=8), AdaptiveBatchingParams(epsilon=8),
+                                  rate_window_s=window_s)
+        for i in range(queries):
+            scheduler.submit(request("hard", arrival=i * window_s / queries, slo=1.0, utility=0.5))
+        now = window_s
+        assert len(scheduler.queue) <= params.beta  # Alg. 3's regime
+        # Every queued batch meets its deadline at gamma 0 (and at the slowest gamma) one after another.
+        slowest = sum(profile.batch_latency_s(max(GAMMAS), len(b)) for b in scheduler.queue)
+        assert now + slowest < min(b.deadline_s for b in scheduler.queue)
+        picked = []
+        while scheduler.queue:
+            dispatch, evicted = scheduler.next_batch(now)
+            assert not evicted
+            picked.append(dispatch.gamma)
+            now += profile.batch_latency_s(dispatch.gamma, len(dispatch.batch))
+        gammas[name] = picked
+    assert gammas["default"] == [max(GAMMAS)] * len(gammas["default"])  # the most accurate on this profile
+    assert all(g < 0 for g in gammas["paper"])
+
+
+def test_load_allocation_keeps_the_merged_gamma_when_the_deadlines_need_it():
+    """Three batches due together, just after three runs at f(q)'s merged gamma: at any slower gamma the last one
+    would be late, so the slack-aware Alg. 3 keeps f(q)'s gamma for all three."""
+    profile = make_profile(0)
+    estimate = profile_estimator(profile)
+    f = RateToGamma.from_profile(profile, batch_size=8)
+    merged = f(0.95 * profile.throughput_rps(-8, 8))
+    assert merged < 0
+    due = 3 * profile.batch_latency_s(merged, 1) * 1.02
+    batches = [OtasBatch([request("hard", slo=due, utility=0.5)]) for _ in range(3)]
+    plan = allocate_by_load(batches, 0.0, GAMMAS, estimate, rate_rps=0.95 * profile.throughput_rps(-8, 8),
+                            rate_to_gamma=f, kappa=0.8)
+    assert plan.gammas == [merged] * 3
 
 
 def test_allocator_uses_load_fallback_for_short_queue_and_initial_stage():

@@ -173,8 +173,8 @@ def test_slotted_das_backfill_fills_slot_room():
 
 def test_paper_slotted_das_keeps_the_unrounded_slot_size_and_leaves_slot_room_empty():
     """TCB Alg. 2 as published (§5.3): z is the longest request of the utility-dominant sets (5 tokens here, where
-    the default rounds to 8), each 32-token row is cut into 32 // 5 = 6 slots, and only the requests DAS put in a
-    row are placed, so slot room no DAS request fits stays empty."""
+    a granularity of 8 rounds it to 8), each 32-token row is cut into 32 // 5 = 6 slots, and only the requests DAS
+    put in a row are placed, so slot room no DAS request fits stays empty. These are also the defaults."""
     queue = [TextRequest(i, length, arrival_s=0.0, deadline_s=5.0) for i, length in enumerate([3, 5, 7, 7] * 8)]
     paper = BatchingParams.paper(row_length_tokens=32, num_rows=2)
     assert (paper.slot_granularity_tokens, paper.backfill_slots) == (1, False)
@@ -185,6 +185,7 @@ def test_paper_slotted_das_keeps_the_unrounded_slot_size_and_leaves_slot_room_em
     assert all(sum(r.length_tokens for r in slot) <= 5 for slot in decision.slots)
     in_rows = {r.request_id for row in dominant.rows for r in row}
     assert {r.request_id for r in decision.requests} <= in_rows
-    default = make_batch_scheduler("slotted_das",
-                                   BatchingParams(row_length_tokens=32, num_rows=2)).form_batch(0.0, queue)
-    assert default.slot_size_tokens == 8
+    assert BatchingParams(row_length_tokens=32, num_rows=2) == paper  # the paper's values are the defaults
+    rounded = make_batch_scheduler("slotted_das", BatchingParams(row_length_tokens=32, num_rows=2,
+                                                                 slot_granularity_tokens=8)).form_batch(0.0, queue)
+    assert rounded.slot_size_tokens == 8
