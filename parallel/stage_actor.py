@@ -125,6 +125,13 @@ class StageShard:
             return None
         return out.to(torch.device("cpu")) if self.device.type != "cpu" else out
 
+    def placement_info(self) -> dict[str, str | None]:
+        """Where this shard computes: its torch device and its stage's collective backend (None unsharded)."""
+        import torch.distributed as dist
+
+        backend = dist.get_backend() if self.degree > 1 and dist.is_initialized() else None
+        return {"device": str(self.device), "collective_backend": backend}
+
     def memory_report(self) -> dict[str, int | None]:
         """Resident memory of this actor in bytes (None where /proc is missing): before loading its layers (the
         loader's modules already imported), after building the weightless model (None for models loaded whole),
