@@ -6,12 +6,19 @@ half time. Steps, side by side in one run:
 
 1. **Measure profiles** on the live system: one deployment hosting every model on both devices; lone requests
    through the ingress and straight to a group replica give each model's service time and the ingress overhead;
-   timed loads of the weights give each model's load time (the controller prices rollouts with it).
-   They become a `ProfileSet` (source 'measured') for the planner, the controller and the simulator.
+   timed loads of the weights give each model's load time (the controller prices rollouts with it). A closed-loop
+   probe with every device busy sets the capacity, hence the offered load and the SLO. **Calibration**: a trace of
+   its own seed (never scored), replayed on this deployment at the scored traces' rate; the lone-request service
+   times are scaled by the factor at which the simulator reproduces that replay's p90 latency
+   (`placement/alpaserve/service_calibration.py`; the engine batches queued requests, so under real traffic a
+   request costs far less than at the probe's full load). The calibrated times become a `ProfileSet` (source
+   'measured') for the planner, the controller (which refits the factor online from the ingress's records every
+   decision) and the simulator.
 2. **Deploy** the application with the placement the planner picks for the first half and the controller on.
 3. **Static run**: the controller paused; the trace replayed through the ingress (Python handle API).
 4. **Controller run**: the placement reset, the controller on (period `--period-s`); the same trace replayed.
-5. **Simulate** both runs on the same requests with the measured profiles: the static run on its placement, the
+5. **Simulate** both runs on the same requests with the calibrated profiles (and, for comparison, with the
+   profiles scaled to the throughput probe, `attainment_sim_throughput_scaled`): the static run on its placement, the
    controller run piecewise on the placements in force (switching when each re-placement finished).
 6. **Re-placement under steady load**: Poisson traffic to minilm-a (alone on its group) and minilm-b while an
    operator re-placement loads minilm-c beside minilm-b; the p99 latency of minilm-a, whose group does not change,
@@ -57,6 +64,11 @@ NUM_DEVICES = 2
 RAY_NUM_CPUS = 8
 #: The request every client sends: one short sentence.
 TEXT = "plexserve keeps a running deployment matched to its traffic"
+#: Calibration replay (step 1): seconds of its trace, and the seed offset that keeps it apart from the scored traces.
+CALIBRATION_S = 30.0
+CALIBRATION_SEED_OFFSET = 1000
+#: SLO of the profiling deployment, ms: nothing is refused there, so the calibration sees every request's latency.
+PROFILING_SLO_MS = 10_000.0
 #: Lone requests per model when profiling (the median is kept).
 PROFILE_REQUESTS = 30
 #: Timed loads of the model's weights (the median is the profile's load_s).
@@ -277,13 +289,41 @@ async def replay(handle, workload, slo_s: float) -> dict[str, np.ndarray]:
             "start_wall": time.time() - (time.perf_counter() - start)}
 
 
+def sim_config(overhead_s: float):
+    """The simulated system of every simulation here: shortest-queue dispatch, the measured ingress overhead."""
+    from placement.alpaserve.dispatch import make_dispatch
+    from placement.alpaserve.simulator import SimulatorConfig
+
+    return SimulatorConfig(dispatch=make_dispatch("shortest_queue"), request_overhead_s=overhead_s)
+
+
+async def calibration_replay(handle, lone_profiles, overhead_s: float, total_rate: float, seed: int):
+    """Step 1, service-time calibration: a trace of its own seed (never scored) replayed at the scored traces' rate
+    on the profiling deployment (every model on both devices); the factor on the lone-request profiles at which the
+    simulator reproduces the replay's latency quantile (`placement.alpaserve.service_calibration`, the fit the
+    controller repeats online on the ingress's records)."""
+    from placement.alpaserve.service_calibration import calibrate_service_scale
+    from placement.core.placement_plan import Placement
+
+    trace = make_trace(total_rate, CALIBRATION_S, PROFILING_SLO_MS / 1000.0, seed=seed)
+    replayed = await replay(handle, trace, PROFILING_SLO_MS / 1000.0)
+    everywhere = Placement.model_validate({"groups": [one_device_group(MODELS), one_device_group(MODELS)]})
+    calibration = calibrate_service_scale(everywhere, lone_profiles, trace, replayed["latency"],
+                                          sim_config(overhead_s))
+    if calibration is None:
+        raise RuntimeError(f"calibration replay: too few answered requests ({np.isfinite(replayed['latency']).sum()})")
+    log.info("calibration replay (%d requests, %d answered): p%.0f latency %.1f ms measured, %.1f ms simulated at "
+             "x%.3f of the lone-request service times", len(trace), calibration.answered, 100 * calibration.quantile,
+             1e3 * calibration.observed_latency_s, 1e3 * calibration.simulated_latency_s, calibration.scale)
+    return calibration
+
+
 def simulate_piecewise(timeline: list[tuple], profiles, workload, overhead_s: float) -> np.ndarray:
     """SLO met per request, simulating each span of the trace on the placement in force during it; an entry
     (start, placement, span_profiles) simulates its span with its own profiles (a rollout step that loads)."""
-    from placement.alpaserve.dispatch import make_dispatch
-    from placement.alpaserve.simulator import SERVED, SimulatorConfig, simulate
+    from placement.alpaserve.simulator import SERVED, simulate
 
-    config = SimulatorConfig(dispatch=make_dispatch("shortest_queue"), request_overhead_s=overhead_s)
+    config = sim_config(overhead_s)
     met = np.zeros(len(workload), dtype=bool)
     bounds = [entry[0] for entry in timeline[1:]] + [np.inf]
     begin = -np.inf
@@ -438,7 +478,8 @@ def free_port() -> int:
 
 
 async def controller_trace(handle, controller, profiles, transition, overhead_s: float, slo_s: float, total_rate: float,
-                           duration_s: float, period_s: float, memory_bytes: int, seed: int) -> dict:
+                           duration_s: float, period_s: float, memory_bytes: int, seed: int,
+                           throughput_profiles=None) -> dict:
     """Steps 2-5 for one trace: plan for its first half, static run, controller run, both simulated."""
     from placement.alpaserve.planner import PlannerConfig, plan
     from placement.core.placement_plan import Placement
@@ -481,6 +522,10 @@ async def controller_trace(handle, controller, profiles, transition, overhead_s:
 
     static_sim = simulate_piecewise([(-np.inf, initial)], profiles, trace, overhead_s)
     dynamic_sim = simulate_piecewise(timeline, profiles, trace, overhead_s)
+    # For comparison: the profiles as this benchmark made them before calibration (scaled to the throughput probe).
+    dynamic_sim_probe = (simulate_piecewise(timeline, throughput_profiles, trace, overhead_s)
+                         if throughput_profiles is not None else None)
+    scales = [d["service_scale"] for d in decisions if d.get("service_scale") is not None]
     # The transition model the controller was given (measured step time, stand-in slowdown) predicts here too.
     dynamic_through = simulate_piecewise(through_rollouts(initial, rollouts, profiles, transition), profiles, trace,
                                          overhead_s)
@@ -506,6 +551,9 @@ async def controller_trace(handle, controller, profiles, transition, overhead_s:
         "abs_gap_through_rollout": abs(float(dynamic["met"].mean()) - float(dynamic_through.mean())),
         "attainment_real": float(dynamic["met"].mean()), "attainment_sim": float(dynamic_sim.mean()),
         "abs_gap": abs(float(dynamic["met"].mean()) - float(dynamic_sim.mean())),
+        "attainment_sim_throughput_scaled": (float(dynamic_sim_probe.mean()) if dynamic_sim_probe is not None
+                                             else None),
+        "controller_service_scale": scales,
         "static_attainment_real": float(static["met"].mean()), "static_attainment_sim": float(static_sim.mean()),
         "static_abs_gap": abs(float(static["met"].mean()) - float(static_sim.mean())),
         "second_half_attainment_real": float(dynamic["met"][second].mean()),
@@ -539,28 +587,34 @@ async def run(args) -> dict:
 
     log.info("1/7 profiling: every model on both devices")
     everywhere = {"groups": [one_device_group(MODELS), one_device_group(MODELS)]}
-    profiling_spec = spec_dict(everywhere, None, slo_ms=10_000, period_s=period_s, memory_bytes=16 * 1024**3)
+    profiling_spec = spec_dict(everywhere, None, slo_ms=PROFILING_SLO_MS, period_s=period_s,
+                               memory_bytes=16 * 1024**3)
     deploy(profiling_spec, http_options)
     handle = serve.get_app_handle("plexserve")
     lone_s, overhead_s = await profile_live(handle)
     throughput = await measure_throughput(handle, THROUGHPUT_PROBE_S, THROUGHPUT_CONCURRENCY)
-    # Per-request device time under load: the devices' share of the measured throughput, split by lone-time ratios.
+    # Per-request device time at full load: the devices' share of the measured throughput, split by lone-time ratios.
+    # It sets the SLO and the offered load (as in earlier runs); the simulator's service times are calibrated below.
     scale = (NUM_DEVICES / throughput) / float(np.mean(list(lone_s.values())))
-    service_s = {m: s * max(scale, 1.0) for m, s in lone_s.items()}
+    probe_s = {m: s * max(scale, 1.0) for m, s in lone_s.items()}
     log.info("throughput with every device busy: %.1f requests/s; per-request device time x%.2f of a lone request",
              throughput, scale)
+    slo_s = SLO_SCALE * (max(probe_s.values()) + overhead_s)
+    capacity = throughput
+    total_rate = LOAD_FACTOR * capacity
+    log.info("SLO %.0f ms, capacity %.0f/s, offered %.0f requests/s", 1e3 * slo_s, capacity, total_rate)
     load_s, weight_bytes = measure_load_s()
     log.info("loading one model's weights: %.2f s (%d bytes)", load_s, weight_bytes)
+    calibration = await calibration_replay(handle, measured_profiles(lone_s, weight_bytes, load_s), overhead_s,
+                                           total_rate, seed=args.seed + CALIBRATION_SEED_OFFSET)
+    service_s = {m: s * calibration.scale for m, s in lone_s.items()}
     step_s = await measure_step_s(profiling_spec, load_s)
     transition = TransitionModel(step_overhead_s=step_s)
     memory_bytes = int(MODELS_PER_DEVICE_MEMORY * weight_bytes)
     profiles = measured_profiles(service_s, weight_bytes, load_s)
+    throughput_profiles = measured_profiles(probe_s, weight_bytes, load_s)
     folder = Path(tempfile.mkdtemp(prefix="plexserve-fidelity-"))
     profiles.save(folder / "profiles.json")
-    slo_s = SLO_SCALE * (max(service_s.values()) + overhead_s)
-    capacity = throughput
-    total_rate = LOAD_FACTOR * capacity
-    log.info("SLO %.0f ms, capacity %.0f/s, offered %.0f requests/s", 1e3 * slo_s, capacity, total_rate)
 
     log.info("2/7 deploying, controller on (paused between runs)")
     first = make_trace(total_rate, duration_s, slo_s, seed=args.seed).window(0.0, duration_s / 2)
@@ -576,7 +630,8 @@ async def run(args) -> dict:
 
     log.info("3-5/7 %d traces (static run, controller run, both simulated)", NUM_TRACES)
     traces = [await controller_trace(handle, controller, profiles, transition, overhead_s, slo_s, total_rate,
-                                     duration_s, period_s, memory_bytes, seed=args.seed + k) for k in range(NUM_TRACES)]
+                                     duration_s, period_s, memory_bytes, seed=args.seed + k,
+                                     throughput_profiles=throughput_profiles) for k in range(NUM_TRACES)]
 
     log.info("6/7 re-placement under steady load")
     steady = await steady_replacement(handle, controller, capacity, seed=args.seed)
@@ -616,6 +671,11 @@ async def run(args) -> dict:
         "unchanged_p99_ratio": steady["unchanged_p99_ratio"], "steady_replacement": steady,
         "slo_ms": 1e3 * slo_s, "service_ms": {m: 1e3 * s for m, s in service_s.items()},
         "lone_service_ms": {m: 1e3 * s for m, s in lone_s.items()},
+        "throughput_scaled_service_ms": {m: 1e3 * s for m, s in probe_s.items()},
+        "calibration": calibration.to_json(),
+        "attainment_sim_throughput_scaled": float(np.mean([t["attainment_sim_throughput_scaled"] for t in traces])),
+        "abs_gap_max_throughput_scaled": max(abs(t["attainment_real"] - t["attainment_sim_throughput_scaled"])
+                                             for t in traces),
         "load_s": load_s, "step_overhead_s": step_s, "throughput_per_s": throughput,
         "ingress_overhead_ms": 1e3 * overhead_s,
         "duration_s": duration_s, "period_s": period_s, "machine": machine_description(),

@@ -76,7 +76,8 @@ def replan_policy(spec: DeploymentSpec, base_dir: str | Path = ".") -> ReplanPol
                         horizon_s=settings.horizon_periods * settings.period_s,
                         transition=settings.transition if settings.price_transitions else None,
                         num_slots=max(groups, settings.group_slots or spec.cluster.num_devices),
-                        max_changes_per_step=settings.max_changes_per_step)
+                        max_changes_per_step=settings.max_changes_per_step,
+                        calibration=settings.calibration if settings.calibrate_service else None)
 
 
 def plan_deployment(spec: DeploymentSpec, base_dir: str | Path = ".") -> Placement:

@@ -22,6 +22,12 @@ models load, loading slows the devices down), so a move's score is its gain over
 loss. It moves only when that beats keeping by at least `min_gain`, and prefers the least disruptive move (local,
 then rehost, then replan) unless a more disruptive one is better by `min_gain` again: a change must pay for its
 disruption. The decision is plain data, written to the decision log as it is.
+
+**Calibrated service times.** With `calibration` settings, `calibrate` refits one factor on the profiled latencies
+from the answered latencies of an observation (`service_calibration.py`: the simulator replays the window's real
+arrivals on the placement that served them and must reproduce their latency quantile); the candidates of later
+decisions are judged on the scaled profiles. The live system batches queued requests and shares its host, so lone
+profiled times misjudge it in either direction.
 """
 
 from __future__ import annotations
@@ -37,8 +43,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from placement.alpaserve.local_search import neighbours
 from placement.alpaserve.placement_rollout import SlotLayout
 from placement.alpaserve.planner import PlannerConfig, place_unplaced, plan, select_models
+from placement.alpaserve.service_calibration import ServiceCalibration, calibrate_service_scale, observed_workload
 from placement.alpaserve.simulator import simulate
 from placement.alpaserve.transition import TransitionModel, attainment_through, rollout_timeline, scaled_profiles
+from placement.core.calibration_settings import ServiceCalibrationSettings
 from placement.core.placement_plan import Placement
 from placement.core.profiles import ProfileSet
 from placement.core.traces import FittedTrace, fit_arrivals
@@ -133,12 +141,42 @@ class ReplanPolicy:
     num_slots: int | None = None  # the application's group slots; None: max(num_devices, groups)
     max_changes_per_step: int = 1
     local_search: bool = True
+    #: Recalibrate the service times from each observation's answered latencies (`service_calibration.py`); None:
+    #: judge with the profiles as given.
+    calibration: ServiceCalibrationSettings | None = None
 
     def __post_init__(self) -> None:
         if self.held_out_resamples < 1:
             raise ValueError(f"held_out_resamples={self.held_out_resamples}: must be >= 1")
+        #: The profiles as given; `profiles` is them scaled by the calibrated factor.
+        self.base_profiles = self.profiles
+        #: The factor in force on `base_profiles` and the last calibration behind it.
+        self.service_scale = 1.0
+        self.last_calibration: ServiceCalibration | None = None
+        self._set_scale(1.0)
+
+    def _set_scale(self, scale: float) -> None:
+        self.service_scale = scale
+        self.profiles = scaled_profiles(self.base_profiles, scale) if scale != 1.0 else self.base_profiles
         self._loading_profiles = (scaled_profiles(self.profiles, self.transition.loading_slowdown)
                                   if self.transition is not None else None)
+
+    def calibrate(self, current: Placement, traffic: ObservedTraffic) -> ServiceCalibration | None:
+        """Refit the service-time factor on the observation's answered latencies, served by `current` (the window
+        just past: it calibrates the next decision, never the one it is judged on), blended with the factor in force
+        by `calibration.smoothing` (geometric). None (factor unchanged) without enough answers or latencies."""
+        settings = self.calibration
+        if settings is None or traffic.latency_s is None:
+            return None
+        workload, latency = observed_workload(traffic)
+        fitted = calibrate_service_scale(current, self.base_profiles, workload, latency, self.planner.simulator,
+                                         settings.quantile, settings.min_answered)
+        if fitted is None:
+            return None
+        keep = settings.smoothing if self.last_calibration is not None else 0.0
+        self._set_scale(float(np.exp(keep * np.log(self.service_scale) + (1 - keep) * np.log(fitted.scale))))
+        self.last_calibration = fitted
+        return fitted
 
     def fit(self, traffic: ObservedTraffic) -> tuple[dict[str, ModelTrafficFit], np.ndarray, np.ndarray]:
         fitted = fit_arrivals(traffic.model_names, traffic.arrival_s, min(self.fit_window_s, traffic.duration_s),

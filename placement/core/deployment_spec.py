@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from placement.core.calibration_settings import ServiceCalibrationSettings
 from placement.core.placement_plan import Placement
 from placement.core.transition_costs import TransitionModel
 
@@ -192,6 +193,11 @@ class ControllerSpec(_Strict):
     transition: TransitionModel = Field(default_factory=TransitionModel,
                                         description="Stand-in costs of a rollout step (loads, restarts, slowdown) "
                                                     "where profiles have no measured load_s.")
+    calibrate_service: bool = Field(default=True,
+                                    description="Refit the simulator's service-time factor every decision from the "
+                                                "latencies the ingress measured in the window just past.")
+    calibration: ServiceCalibrationSettings = Field(default_factory=ServiceCalibrationSettings,
+                                                    description="How the service-time factor is fitted.")
     shift_detection: bool = Field(default=True, description="Decide early when a per-model rate shift is detected "
                                                             "(two-window rate test), at most once per cooldown_s.")
     shift_window_s: float = Field(default=5.0, gt=0,

@@ -27,6 +27,8 @@ class ObservedTraffic:
     arrival_s: list[np.ndarray]  # per model: arrival times, seconds from the window's start
     duration_s: float
     slo_s: list[float]  # per model
+    #: per model, aligned with arrival_s: latency of each answered request, seconds (NaN: not answered)
+    latency_s: list[np.ndarray] | None = None
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,9 @@ class TrafficWindow:
         start = now_s - self.window_s
         recent = self._recent(now_s)
         arrivals = [np.array([r.arrival_s - start for r in recent if r.model == name]) for name in model_names]
-        return ObservedTraffic(list(model_names), arrivals, self.window_s, list(slo_s))
+        latencies = [np.array([r.latency_ms / 1000.0 if r.outcome == "ok" and r.latency_ms is not None else np.nan
+                               for r in recent if r.model == name]) for name in model_names]
+        return ObservedTraffic(list(model_names), arrivals, self.window_s, list(slo_s), latencies)
 
     def stats(self, now_s: float) -> dict[str, ModelWindowStats]:
         out: dict[str, ModelWindowStats] = {}

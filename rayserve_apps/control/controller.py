@@ -12,6 +12,9 @@ Group placement (an application with a placement; AlpaServe §4.2). Every period
    declarative Serve config updates (`live_update.py`): the ingress stops routing to what the step changes, the
    changed slots are reconfigured or replaced (other deployments untouched), the ingress routes to the new layout,
 4. writes the decision to the decision log (`decision_log.py`).
+Before each decision the policy refits its service-time factor from the latencies the ingress reported in the
+window just past (`placement.alpaserve.service_calibration`), unless a rollout ran in it; the factor is logged
+(`service_scale`, `service_calibration`).
 Between two periods a two-window rate test on the reported traffic (`detect_rate_shifts`) may trigger the decision
 early (trigger 'shift' in the log), at most once per `cooldown_s` after the last decision.
 
@@ -114,6 +117,8 @@ class PlacementController:
         self.recovered = self._read_state()
         #: Wall-clock time of the last group decision (the shift trigger's cool-down counts from it).
         self.last_group_decision_s = started
+        #: Wall-clock time the last rollout ended (its window does not calibrate the service times).
+        self.layout_changed_s = 0.0
         #: While paused the periodic decisions are skipped (an operator freezing the placement); `replan_now` and
         #: `apply_placement` still work.
         self.paused = False
@@ -256,6 +261,11 @@ class PlacementController:
                            "failed": s.failed, "attainment": s.attainment}
                     for name, s in self.window.stats(now).items()}
         current = self.layout.placement()
+        # The window just past recalibrates the service times before the candidates are judged (the policy's own
+        # simulator, on the placement that served the window); not a window a rollout ran in (loading slows serving).
+        calibration = None
+        if now - self.layout_changed_s >= self.settings.period_s:
+            calibration = await asyncio.to_thread(self.policy.calibrate, current, traffic)
         decision = await asyncio.to_thread(self.policy.decide, current, traffic)
         entry: dict[str, Any] = {"observed": observed, "reason": decision.reason, "chosen": decision.chosen,
                                  "in_sample_choice": decision.in_sample_choice, "horizon_s": decision.horizon_s,
@@ -266,6 +276,9 @@ class PlacementController:
                                                  "through_rollout_attainment": c.through_rollout_attainment,
                                                  "transition_s": c.transition_s, "move": c.move,
                                                  "groups": _describe(c.placement)} for c in decision.candidates]}
+        entry["service_scale"] = self.policy.service_scale
+        if calibration is not None:
+            entry["service_calibration"] = calibration.to_json()
         if shifts is not None:
             entry["shifts"] = shifts
         if decision.chosen == "keep":
@@ -278,7 +291,10 @@ class PlacementController:
         rollout = plan_rollout(self.layout, target, self.spec.cluster.num_devices, self.settings.max_changes_per_step)
         if not rollout.steps:
             return {"outcome": "kept", "diff": []}
-        await asyncio.to_thread(self._run_rollout, rollout)
+        try:
+            await asyncio.to_thread(self._run_rollout, rollout)
+        finally:
+            self.layout_changed_s = time.time()
         for change in rollout.changes:
             metrics.placement_changes_total().inc(tags={"kind": change.kind})
         return {"outcome": "applied", "diff": [[c.to_json() for c in step.changes] for step in rollout.steps],

@@ -1,0 +1,120 @@
+"""Service times from what the live system answered: one factor on the profiled latencies, fitted so that the
+simulator reproduces the latencies the ingress measured (a plexserve addition for issue 18; AlpaServe §6.2 feeds
+its simulator profiled latencies and never checks them against the serving system).
+
+Profiled latencies are lone requests on an idle device. The live system differs in two opposite ways: the devices
+share the host with the ingress and each other (each request slower), and the serving engine batches the requests
+that queue for a model (each request cheaper under load: a burst is answered far faster than lone times add up to).
+Which one wins depends on the load, so neither the lone times nor a closed-loop throughput probe predict the
+attainment of real traffic (a probe at full load overstated the per-request time by ~1.5x and the simulator fell
+0.15 below the real attainment).
+
+`calibrate_service_scale` replays the requests of an observation window (their real arrival times, on the placement
+that served them) in the simulator at a trial factor, and bisects the factor (on a log scale) until the simulated
+`quantile` of the answered requests' latencies equals the observed one. The simulator is the one the planner and the
+controller use, with the same policy objects; only the latency table is scaled. Calibrate on requests *before* the
+ones a prediction is judged on (the controller: the last window, for the next decision).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from placement.alpaserve.simulator import SERVED, SimulatorConfig, simulate
+from placement.alpaserve.transition import scaled_profiles
+from placement.core.calibration_settings import DEFAULT_MIN_ANSWERED, DEFAULT_QUANTILE
+from placement.core.placement_plan import Placement
+from placement.core.profiles import ProfileSet
+from placement.core.traffic_window import ObservedTraffic
+from placement.core.workload import Workload
+
+#: Range of factors searched: a batching engine may serve far faster than lone requests suggest, a busy host slower.
+MIN_SCALE = 0.02
+MAX_SCALE = 20.0
+#: Bisection steps on log(scale): the bracket shrinks to (MAX_SCALE / MIN_SCALE) ** (2 ** -steps), ~1% for 12.
+BISECTION_STEPS = 12
+
+
+@dataclass(frozen=True)
+class ServiceCalibration:
+    """One calibration: the factor and what it was fitted to."""
+
+    scale: float  # factor on every profiled stage latency
+    observed_latency_s: float  # the quantile of the answered requests' latencies, measured
+    simulated_latency_s: float  # the same quantile simulated at `scale`
+    quantile: float
+    answered: int  # answered requests the quantile is taken over
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def simulated_latency_quantile(placement: Placement, profiles: ProfileSet, workload: Workload,
+                               config: SimulatorConfig, quantile: float, scale: float = 1.0) -> float:
+    """The `quantile` of the simulated latencies (finish minus arrival) of the requests served, NaN if none."""
+    profiles = scaled_profiles(profiles, scale) if scale != 1.0 else profiles
+    result = simulate(placement, profiles, workload, config)
+    served = result.status == SERVED
+    if not served.any():
+        return float("nan")
+    return float(np.quantile(result.finish_s[served] - workload.arrival_s[served], quantile))
+
+
+def calibrate_service_scale(placement: Placement, profiles: ProfileSet, workload: Workload, latency_s: np.ndarray,
+                            config: SimulatorConfig | None = None, quantile: float = DEFAULT_QUANTILE,
+                            min_answered: int = DEFAULT_MIN_ANSWERED) -> ServiceCalibration | None:
+    """The factor on `profiles`' latencies at which the simulator, replaying `workload` on `placement`, answers with
+    the same latency `quantile` as the live system did (`latency_s`: per request of `workload`, seconds; NaN for
+    requests not answered). None when fewer than `min_answered` were answered. The simulated latency grows with the
+    factor (queues only lengthen as every request gets slower), so a bisection on log(factor) finds it; a target
+    outside [MIN_SCALE, MAX_SCALE] gives the bound."""
+    if not 0 < quantile < 1:
+        raise ValueError(f"quantile={quantile}: must be in (0, 1)")
+    latency_s = np.asarray(latency_s, dtype=float)
+    if latency_s.shape != (len(workload),):
+        raise ValueError(f"latency_s: {latency_s.shape[0] if latency_s.ndim else 0} values for {len(workload)} "
+                         "requests")
+    answered = np.isfinite(latency_s)
+    if answered.sum() < min_answered or not placement.groups:
+        return None
+    config = config or SimulatorConfig()
+    target = float(np.quantile(latency_s[answered], quantile))
+
+    def at(scale: float) -> float:
+        value = simulated_latency_quantile(placement, profiles, workload, config, quantile, scale)
+        return np.inf if np.isnan(value) else value
+
+    low, high = np.log(MIN_SCALE), np.log(MAX_SCALE)
+    if at(MIN_SCALE) >= target:
+        scale = MIN_SCALE
+    elif at(MAX_SCALE) <= target:
+        scale = MAX_SCALE
+    else:
+        for _ in range(BISECTION_STEPS):
+            middle = (low + high) / 2
+            if at(float(np.exp(middle))) < target:
+                low = middle
+            else:
+                high = middle
+        scale = float(np.exp((low + high) / 2))
+    return ServiceCalibration(scale=scale, observed_latency_s=target, simulated_latency_s=at(scale),
+                              quantile=quantile, answered=int(answered.sum()))
+
+
+def observed_workload(traffic: ObservedTraffic) -> tuple[Workload, np.ndarray]:
+    """The window's requests as a workload (real arrival times, the models' SLOs) and their measured latencies
+    (seconds, NaN where not answered), in arrival order."""
+    if traffic.latency_s is None:
+        raise ValueError("traffic.latency_s: the observation carries no latencies")
+    arrival = np.concatenate([np.asarray(a, dtype=float) for a in traffic.arrival_s] + [np.zeros(0)])
+    model = np.concatenate([np.full(len(a), m, dtype=np.int32) for m, a in enumerate(traffic.arrival_s)]
+                           + [np.zeros(0, dtype=np.int32)])
+    latency = np.concatenate([np.asarray(x, dtype=float) for x in traffic.latency_s] + [np.zeros(0)])
+    if len(latency) != len(arrival):
+        raise ValueError(f"traffic.latency_s: {len(latency)} latencies for {len(arrival)} arrivals")
+    order = np.argsort(arrival, kind="stable")
+    slo = np.asarray(traffic.slo_s, dtype=float)[model]
+    workload = Workload(list(traffic.model_names), arrival[order], model[order], slo[order])
+    return workload, latency[order]
