@@ -129,3 +129,21 @@ def test_request_overhead_adds_once_to_latency_and_a_burst_fills_the_pipeline():
     assert profile.burst_s(10, 1, CORES) == pytest.approx(profile.latency(1) + 9 * profile.period_s(1, CORES))
     with pytest.raises(ValueError, match="num_batches"):
         profile.burst_s(0)
+
+
+def test_process_tree_finds_children_and_counts_their_cpu():
+    import os
+    import subprocess
+    import sys
+
+    from parallel.profiler import process_tree, processes_cpu_s
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        tree = process_tree(os.getpid())
+        assert {os.getpid(), child.pid} <= tree
+        assert processes_cpu_s(tree) > 0  # this interpreter has run the tests so far
+        assert processes_cpu_s({-1}) == 0.0  # a process that does not exist counts nothing
+    finally:
+        child.kill()
+        child.wait()
