@@ -8,7 +8,13 @@ thread per actor, and measures side by side:
 
 * single-request latency (requests one after another) and saturated throughput (many requests in flight),
   all three groups alive at once and measured in interleaved rounds (medians over rounds);
-* the profile's prediction: latency = sum of stage latencies, throughput = 1 / largest stage latency;
+* the profile's prediction (`placement.core.profiles.ConfigProfile`'s cost model, AlpaServe §3.3 plus the
+  runtime's per-hop overhead the profiler measures): latency = sum of stage latencies plus each stage call's
+  overhead; throughput = 1 / the slowest stage, capped, since the "devices" here are CPU shares of one host, by the
+  host's cores / the CPU a request costs (compute of every shard, slowed by the model's measured co-run
+  slowdown, plus every call's overhead CPU), for the measured burst of requests submitted at once: the first
+  after the latency, each next one a period later; `max_prediction_error_slowest_stage_only` is the error of the
+  former prediction (latency = sum of stages, throughput = 1 / slowest stage);
 * the largest difference of any output from the unsplit model's.
 
 Then, on a stand-in ViT whose layers have deliberately unequal cost (`parallel.tiny_models.make_unequal_vit`: a
@@ -48,14 +54,16 @@ import ray  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks._common import emit_json, make_parser, out_dir, setup_logging  # noqa: E402
+from models.device import CPU_RESOURCE  # noqa: E402
 from models.layers import run_layers  # noqa: E402
-from parallel.configurations import ModelPlanner, block_prefix  # noqa: E402
+from parallel.configurations import ModelPlanner, RuntimeOverhead, block_prefix  # noqa: E402
 from parallel.group_runtime import ModelParallelGroup  # noqa: E402
 from parallel.plan import ParallelPlan, StagePlan  # noqa: E402
 from parallel.profiler import (  # noqa: E402
     LayerProfileSet,
     ModelLayerProfile,
     device_description,
+    measure_co_run_slowdown,
     profile_comm,
     profile_layers,
     shape_key,
@@ -63,7 +71,7 @@ from parallel.profiler import (  # noqa: E402
 from parallel.stage_layers import ModelSource, example_input, load_model  # noqa: E402
 from parallel.tensor_parallel import BlockShardingPlan  # noqa: E402
 from parallel.tiny_models import make_tiny_vit, make_unequal_vit  # noqa: E402
-from placement.core.profiles import ParallelConfig  # noqa: E402
+from placement.core.profiles import ConfigProfile, ParallelConfig, StageProfile, shared_host_cores  # noqa: E402
 
 log = setup_logging("parallel_runtime")
 
@@ -89,6 +97,14 @@ CONFIGS = {
     "2-stage": ParallelConfig(intra_op_degree=1, pipeline_stages=2),
     "2-way-intra-op": ParallelConfig(intra_op_degree=2, pipeline_stages=1),
 }
+
+
+def cost_model(config: ParallelConfig, stage_latency_s: list[float], comm,
+               profile: ModelLayerProfile) -> ConfigProfile:
+    """The configuration as the planner sees it: its stage latencies at BATCH_SIZE and the measured overhead."""
+    overhead = RuntimeOverhead.from_comm(comm, profile.co_run_slowdown)
+    return ConfigProfile(config=config, stages=[StageProfile(latency_s={BATCH_SIZE: s}, weight_bytes_per_device=0)
+                                                for s in stage_latency_s], **overhead.profile_fields())
 
 
 def megatron_plan(planner: ModelPlanner) -> tuple[ParallelPlan, list[float]]:
@@ -149,12 +165,15 @@ def bench_model(source: ModelSource, comm, args, figures: dict) -> None:
     seq = TEXT_SEQ_LEN_TOKENS if source.kind == "text" else None
     log.info("%s: profiling layers", source.name)
     profile = profile_layers(source, [BATCH_SIZE], [seq] if seq else [], repeats=args.repeats, model=model)
+    profile.co_run_slowdown = measure_co_run_slowdown(source, BATCH_SIZE, seq)
     planner = ModelPlanner(profile, comm, seq)
     states = [example_input(model, BATCH_SIZE, seq, seed=i) for i in range(4)]
     with torch.inference_mode():
         expected = [run_layers(model.layers(), s).hidden for s in states]
     del model
     plans, predictions, ilp_choice = {}, {}, {}
+    # The groups' devices are CPU shares of this host: throughput is capped by its cores / CPU per request.
+    host_cores = shared_host_cores(CPU_RESOURCE, comm.hop.host_cores if comm.hop is not None else None)
     for label, config in CONFIGS.items():
         planned = planner.plan(config, BATCH_SIZE)
         if config.intra_op_degree > 1:
@@ -164,25 +183,38 @@ def bench_model(source: ModelSource, comm, args, figures: dict) -> None:
             plans[label], predictions[label] = megatron_plan(planner)
         else:
             plans[label], predictions[label] = planned.plan, planned.stage_latency_s[BATCH_SIZE]
+        predictions[label] = cost_model(config, predictions[label], comm, profile)
         log.info("%s %s: stages %s, predicted %.2f ms, %.1f req/s", source.name, label,
-                 [(s.start_layer, s.end_layer) for s in plans[label].stages], 1e3 * sum(predictions[label]),
-                 1.0 / max(predictions[label]))
+                 [(s.start_layer, s.end_layer) for s in plans[label].stages], 1e3 * predictions[label].latency(),
+                 predictions[label].throughput_rps(BATCH_SIZE, host_cores))
     rounds, memory, weight_bytes = measure_side_by_side(source, plans, profile, states, expected, args,
                                                         args.latency_requests)
     results = {}
     for label, measured in rounds.items():
         latency = statistics.median(r["latency_s"] for r in measured)
         throughput = statistics.median(r["throughput_rps"] for r in measured)
-        predicted_latency, predicted_throughput = sum(predictions[label]), 1.0 / max(predictions[label])
+        predicted = predictions[label]
+        predicted_latency = predicted.latency(BATCH_SIZE)
+        # What is measured: a burst of `throughput_requests` submitted at once (pipeline fill, then steady state).
+        burst = args.throughput_requests
+        predicted_throughput = burst * BATCH_SIZE / predicted.burst_s(burst, BATCH_SIZE, host_cores)
+        uncapped_throughput = predicted.throughput_rps(BATCH_SIZE)  # the former prediction: 1 / slowest stage
         results[label] = {
             "latency_s": latency, "throughput_rps": throughput,
             "max_abs_diff": max(r["max_abs_diff"] for r in measured),
             "weight_bytes_per_actor": weight_bytes[label],
             **({"stage_memory_vs_planned": memory[label]} if label in memory else {}),
             "predicted_latency_s": predicted_latency, "predicted_throughput_rps": predicted_throughput,
+            "predicted_throughput_rps_slowest_stage_only": uncapped_throughput,
+            "predicted_saturated_throughput_rps": predicted.throughput_rps(BATCH_SIZE, host_cores),
+            "predicted_cpu_per_request_s": predicted.cpu_per_batch_s(BATCH_SIZE) / BATCH_SIZE,
+            "throughput_error_slowest_stage_only": abs(uncapped_throughput - throughput) / throughput,
+            "latency_error_stages_only": abs(sum(st.latency(BATCH_SIZE) for st in predicted.stages) - latency)
+            / latency,
             "latency_error": abs(predicted_latency - latency) / latency,
             "throughput_error": abs(predicted_throughput - throughput) / throughput,
             "stages": [[s.start_layer, s.end_layer] for s in plans[label].stages],
+            "co_run_slowdown": predicted.co_run_slowdown,
             **({"ilp_choice_at_this_comm_cost": ilp_choice[label]} if label in ilp_choice else {}),
         }
         log.info("%s %s: measured %.2f ms, %.2f req/s (predicted %.2f ms, %.2f req/s), max |diff| %.2e", source.name,
@@ -340,6 +372,8 @@ def main() -> None:
     png = plot(figures)
     configs = [r[label] for r in figures.values() for label in CONFIGS]
     errors = [c[k] for c in configs for k in ("latency_error", "throughput_error")]
+    errors_uncapped = [c[k] for c in configs for k in ("latency_error_stages_only",
+                                                        "throughput_error_slowest_stage_only")]
     ratios = {name: r["pipeline2_throughput_ratio_median_of_rounds"] for name, r in figures.items()}
     memory = {name: {label: r[label]["stage_memory_vs_planned"] for label in CONFIGS if "stage_memory_vs_planned"
                      in r[label]} for name, r in figures.items()}
@@ -349,6 +383,7 @@ def main() -> None:
         "pipeline2_throughput_ratio": min(ratios.values()),
         "pipeline2_throughput_ratio_per_model": ratios,
         "max_prediction_error": max(errors),
+        "max_prediction_error_slowest_stage_only": max(errors_uncapped),
         "max_abs_diff": max(c["max_abs_diff"] for c in configs + [unequal]),
         "planned_vs_even_throughput": unequal["planned_vs_even_throughput"],
         "planned_vs_even": unequal,

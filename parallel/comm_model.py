@@ -4,6 +4,11 @@ The profiler (`parallel.profiler`) measures actor-to-actor sends and the all-red
 tensor-parallel group at several sizes; `fit_alpha_beta` fits the classic latency-bandwidth model by least
 squares (Hockney's alpha-beta model, the cost model of Alpa's intra-op pass), and `CommModel` answers what the
 inter-op and intra-op passes ask: the cost of receiving a stage's input and of a collective over `degree` shards.
+
+`HopOverhead` is what one pipeline hop costs the runtime beyond moving the bytes (a Ray actor call per stage:
+submission, serialization, scheduling, returning the result), in wall time and in host CPU; the cost model of
+`placement.core.profiles.ConfigProfile` adds it to every stage (AlpaServe §3.3's communication overhead, measured
+as the runtime really pays it) and, on hosts whose devices are CPU shares, bounds throughput by the CPU per request.
 """
 
 from __future__ import annotations
@@ -42,6 +47,28 @@ def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float]) -> Al
     return AlphaBeta(alpha_s=float(alpha), beta_s_per_byte=float(beta), num_samples=len(x))
 
 
+class HopOverhead(BaseModel):
+    """Per-hop overhead of the model-parallel runtime, measured by relaying an activation-sized payload through
+    chains of 1 and 2 actors with the group runtime's call pattern (`parallel.profiler.profile_hop_overhead`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    payload_bytes: int = Field(ge=0, description="Bytes of the relayed activation.")
+    latency_s: float = Field(ge=0, description="Wall seconds one more stage call adds to a request (sequential).")
+    cpu_s: float = Field(ge=0, description="Host CPU seconds one more stage call costs, over every process "
+                                           "(caller, Ray, actors), with requests pipelined.")
+    request_cpu_s: float = Field(ge=0, description="Host CPU seconds per request outside its stage calls (put of "
+                                                   "the input, collecting the result).")
+    request_latency_s: float = Field(default=0.0, ge=0,
+                                     description="Wall seconds per request outside its stage calls (put of the "
+                                                 "input, waiting for and collecting every call's result).")
+    host_cores: float = Field(gt=0, description="CPU cores of the host the overhead was measured on.")
+
+    def beyond_send(self, send_s: float) -> tuple[float, float]:
+        """(wall, CPU) seconds per stage call that a stage latency pricing its receive at `send_s` leaves out."""
+        return max(0.0, self.latency_s - send_s), max(0.0, self.cpu_s - send_s)
+
+
 class CommModel(BaseModel):
     """Fitted costs of a point-to-point send between actors and of collectives by group degree."""
 
@@ -51,6 +78,8 @@ class CommModel(BaseModel):
     all_reduce: dict[int, AlphaBeta] = Field(default_factory=dict, description="Degree -> all-reduce cost.")
     all_gather: dict[int, AlphaBeta] = Field(default_factory=dict,
                                              description="Degree -> all-gather cost (bytes of the gathered tensor).")
+    hop: HopOverhead | None = Field(default=None, description="Per-hop runtime overhead; None in files that did not "
+                                                              "measure it (priced as 0).")
 
     def send_s(self, num_bytes: float) -> float:
         return self.send.cost_s(num_bytes)
@@ -80,4 +109,5 @@ class CommModel(BaseModel):
     def merge(self, other: "CommModel") -> "CommModel":
         """`other`'s fits override this one's, degree by degree."""
         return CommModel(send=other.send, all_reduce={**self.all_reduce, **other.all_reduce},
-                         all_gather={**self.all_gather, **other.all_gather})
+                         all_gather={**self.all_gather, **other.all_gather},
+                         hop=other.hop if other.hop is not None else self.hop)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from parallel.comm_model import CommModel
@@ -39,6 +39,36 @@ def block_prefix(index: int) -> str:
     return f"layer{index}."
 
 
+@dataclass(frozen=True)
+class RuntimeOverhead:
+    """The runtime's per-hop and per-request overhead beyond what the stage latencies price (their receive at the
+    alpha-beta send cost): the fields of `placement.core.profiles.ConfigProfile`'s cost model (AlpaServe §3.3)."""
+
+    hop_overhead_s: float = 0.0
+    hop_cpu_s: float = 0.0
+    request_cpu_s: float = 0.0
+    request_overhead_s: float = 0.0
+    co_run_slowdown: float = 1.0
+
+    @classmethod
+    def from_comm(cls, comm: CommModel, co_run_slowdown: float | None = None) -> "RuntimeOverhead":
+        """From the measured hop (none measured: zero) and the model's co-run slowdown (none measured: 1). A stage's
+        latency already holds the send of an input of the relayed payload's size, so only what the hop costs
+        beyond that send is added."""
+        slowdown = 1.0 if co_run_slowdown is None else co_run_slowdown
+        if comm.hop is None:
+            return cls(co_run_slowdown=slowdown)
+        wall, cpu = comm.hop.beyond_send(comm.send_s(comm.hop.payload_bytes))
+        return cls(hop_overhead_s=wall, hop_cpu_s=cpu, request_cpu_s=comm.hop.request_cpu_s,
+                   request_overhead_s=comm.hop.request_latency_s, co_run_slowdown=slowdown)
+
+    def profile_fields(self) -> dict[str, float]:
+        """The `ConfigProfile` fields of this overhead."""
+        return {"hop_overhead_s": self.hop_overhead_s, "hop_cpu_s": self.hop_cpu_s,
+                "request_cpu_s": self.request_cpu_s, "request_overhead_s": self.request_overhead_s,
+                "co_run_slowdown": self.co_run_slowdown}
+
+
 @dataclass
 class PlannedConfig:
     """One configuration of one model: the plan the runtime runs and its predicted stage latencies."""
@@ -47,12 +77,14 @@ class PlannedConfig:
     plan: ParallelPlan
     stage_latency_s: dict[int, list[float]]  # batch size -> latency of each stage
     stage_weight_bytes: list[int]  # per device of each stage
+    overhead: RuntimeOverhead = field(default_factory=RuntimeOverhead)
 
     def to_profile(self) -> ConfigProfile:
         stages = [StageProfile(latency_s={b: lat[s] for b, lat in self.stage_latency_s.items()},
                                weight_bytes_per_device=self.stage_weight_bytes[s])
                   for s in range(len(self.plan.stages))]
-        return ConfigProfile(config=self.config, stages=stages, plan=self.plan.model_dump(mode="json"))
+        return ConfigProfile(config=self.config, stages=stages, plan=self.plan.model_dump(mode="json"),
+                             **self.overhead.profile_fields())
 
 
 class ModelPlanner:
@@ -135,7 +167,8 @@ class ModelPlanner:
         plan = ParallelPlan(intra_op_degree=config.intra_op_degree, stages=stages)
         latencies = {b: [self.predict_stage_s(i, k, config.intra_op_degree, b, solutions[(i, k)].choices)
                          for i, k in partition.bounds] for b in self.batch_sizes}
-        return PlannedConfig(config=config, plan=plan, stage_latency_s=latencies, stage_weight_bytes=weight_bytes)
+        return PlannedConfig(config=config, plan=plan, stage_latency_s=latencies, stage_weight_bytes=weight_bytes,
+                             overhead=RuntimeOverhead.from_comm(self.comm, self.profile.co_run_slowdown))
 
     def predict_stage_s(self, start: int, end: int, degree: int, batch_size: int, choices: dict[str, str]) -> float:
         """A stage's latency at `batch_size` under fixed shardings: receive + replicated layers + sharded blocks."""
@@ -174,4 +207,5 @@ def emit_profile_set(layer_profiles: LayerProfileSet, group_sizes: Sequence[int]
                                        memory_budget_bytes)
         if planned:
             models[name] = ModelProfile(name=name, configs=[p.to_profile() for p in planned])
-    return ProfileSet(source="measured", device=layer_profiles.device, models=models)
+    host_cores = layer_profiles.comm.hop.host_cores if layer_profiles.comm.hop is not None else None
+    return ProfileSet(source="measured", device=layer_profiles.device, models=models, host_cores=host_cores)

@@ -47,6 +47,18 @@ class PendingRequest:
     calls: list[tuple[str, ray.ObjectRef]] = field(default_factory=list)
 
 
+def submit_chain(rows: Sequence[Sequence], state: ActivationState) -> PendingRequest:
+    """Put `state` once and queue `forward` on every actor of every row (stage), each stage taking shard 0's output
+    of the one before: the runtime's call pattern, also what the profiler relays to price a hop."""
+    current = ray.put(state)
+    calls: list[tuple[str, ray.ObjectRef]] = []
+    for s, row in enumerate(rows):
+        refs = [actor.forward.remote(current) for actor in row]
+        calls += [(f"stage {s} shard {rank}", ref) for rank, ref in enumerate(refs)]
+        current = refs[0]
+    return PendingRequest(output=current, calls=calls)
+
+
 class ModelParallelGroup:
     """A model split by `plan` over `plan.num_actors` Ray actors.
 
@@ -134,13 +146,7 @@ class ModelParallelGroup:
         """Queue one batch on every stage; returns at once (requests pipeline through the stages)."""
         if not self.actors:
             raise GroupFailedError(f"model-parallel group for {self.source.name!r} is shut down; call rebuild()")
-        current = ray.put(state)
-        calls: list[tuple[str, ray.ObjectRef]] = []
-        for s, row in enumerate(self.actors):
-            refs = [actor.forward.remote(current) for actor in row]
-            calls += [(f"stage {s} shard {rank}", ref) for rank, ref in enumerate(refs)]
-            current = refs[0]
-        return PendingRequest(output=current, calls=calls)
+        return submit_chain(self.actors, state)
 
     def result(self, pending: PendingRequest, timeout_s: float = DEFAULT_RESULT_TIMEOUT_S) -> ActivationState:
         """Wait for one request; a dead or failing actor raises `GroupFailedError` naming it."""

@@ -8,7 +8,11 @@ this module measures them on the device at hand, one thread as in a stage actor:
   blocks (for the intra-op pass);
 * `profile_comm`: the time to hand an activation from one Ray actor to the next (an actor call with a tensor
   argument held by another actor, as between pipeline stages) and of gloo all-reduce / all-gather among
-  `degree` actors, for several sizes, fitted with the alpha-beta model (`parallel.comm_model`).
+  `degree` actors, for several sizes, fitted with the alpha-beta model (`parallel.comm_model`); and the runtime's
+  per-hop overhead (`profile_hop_overhead`): an activation-sized payload relayed through chains of 1 and 2 actors
+  with the group runtime's own call pattern, timed sequentially (wall per hop) and pipelined while the CPU time of
+  every process of the Ray cluster is counted (host CPU per hop and per request), the cost of AlpaServe §3.3's
+  inter-op communication overhead as this runtime pays it.
 
 Results are a `LayerProfileSet` JSON file; `merge` combines repeated runs (latencies are averaged, weighted by
 their sample counts; communication fits are replaced by the newer run's).
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 import platform
 import statistics
 import time
@@ -27,8 +32,8 @@ from typing import Callable, Sequence
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from models.layers import ActivationState, parameter_bytes
-from parallel.comm_model import CommModel, fit_alpha_beta
+from models.layers import ActivationState, parameter_bytes, run_layers
+from parallel.comm_model import CommModel, HopOverhead, fit_alpha_beta
 from parallel.intra_op import BlockShape
 from parallel.stage_layers import ModelSource, example_input, load_model, standalone_layers
 from parallel.tensor_parallel import BlockParts, bert_block_parts, vit_block_parts
@@ -42,6 +47,19 @@ DEFAULT_COMM_SIZES_BYTES = (4_096, 65_536, 524_288, 2_097_152)
 DEFAULT_COMM_REPEATS = 10
 COMM_PROBE_NUM_CPUS = 0.5
 FP32_BYTES = 4
+#: The activation relayed to price a hop: 64 tokens x 384 fp32 features (a MiniLM / ViT-S activation at batch 1).
+DEFAULT_HOP_PAYLOAD_BYTES = 64 * 384 * FP32_BYTES
+#: Requests in flight per timed pipelined run of the hop probe, and timed runs per chain length (median).
+HOP_REQUESTS = 200
+HOP_REPEATS = 3
+#: Sequential requests timed (median) per chain length for the wall time of a hop.
+HOP_SEQUENTIAL_REQUESTS = 60
+#: Chain lengths of the hop probe: the slope between them is the cost of one more stage call.
+HOP_CHAIN_LENGTHS = (1, 2)
+PROC_ROOT = Path("/proc")
+#: Seconds each process runs forward passes, and processes run at once, when measuring the co-run slowdown.
+CO_RUN_SECONDS = 2.0
+CO_RUN_PROCESSES = 2
 
 
 def shape_key(batch_size: int, seq_len_tokens: int) -> str:
@@ -86,6 +104,11 @@ class ModelLayerProfile(BaseModel):
     input_bytes: dict[str, int] = Field(default_factory=dict,
                                         description="'<batch>x<tokens>' -> bytes of the model input.")
     layers: list[LayerMeasurement] = Field(description="Every layer, in order.")
+    co_run_slowdown: float | None = Field(
+        default=None, ge=1.0,
+        description="How much slower a whole forward pass runs while another process runs it on the other core at the "
+                    "same time (`measure_co_run_slowdown`); prices the CPU per request on a host whose cores the "
+                    "stages share. None: not measured (1).")
 
     def shapes(self) -> list[tuple[int, int]]:
         keys = set(self.layers[0].latency_s)
@@ -104,7 +127,9 @@ class ModelLayerProfile(BaseModel):
                 samples[key] = old_n + new_n
             layers.append(theirs.model_copy(update={"latency_s": latency, "samples": samples,
                                                     "output_bytes": {**mine.output_bytes, **theirs.output_bytes}}))
-        return other.model_copy(update={"layers": layers, "input_bytes": {**self.input_bytes, **other.input_bytes}})
+        return other.model_copy(update={"layers": layers, "input_bytes": {**self.input_bytes, **other.input_bytes},
+                                        "co_run_slowdown": other.co_run_slowdown if other.co_run_slowdown is not None
+                                        else self.co_run_slowdown})
 
 
 class LayerProfileSet(BaseModel):
@@ -224,6 +249,50 @@ def profile_layers(source: ModelSource, batch_sizes: Sequence[int], seq_lens_tok
         torch.set_num_threads(previous_threads)
 
 
+def _co_run_worker(source_json: str, batch_size: int, seq_len_tokens: int | None, seconds: float, barrier,
+                   results) -> None:
+    """One co-runner: load the model, wait for the others, run whole forward passes for `seconds` (1 thread)."""
+    torch.set_num_threads(1)
+    model = load_model(ModelSource.model_validate_json(source_json))
+    state = example_input(model, batch_size, seq_len_tokens)
+    layers = model.layers()
+    with torch.inference_mode():
+        run_layers(layers, state)  # warm-up
+        barrier.wait()
+        passes, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            run_layers(layers, state)
+            passes += 1
+    results.put((time.perf_counter() - start) / passes)
+
+
+def measure_co_run_slowdown(source: ModelSource, batch_size: int, seq_len_tokens: int | None = None,
+                            seconds: float = CO_RUN_SECONDS, processes: int = CO_RUN_PROCESSES) -> float:
+    """Seconds per forward pass with `processes` processes running the model at once over the same with one alone
+    (>= 1): what compute costs when every core of a shared host is busy (memory bandwidth and caches are shared,
+    which a per-layer profile, timed alone, does not see). The cost model multiplies a request's compute CPU by it
+    where the devices are CPU shares of one host (`placement.core.profiles.ConfigProfile.cpu_per_batch_s`)."""
+    import multiprocessing
+
+    if processes < 2:
+        raise ValueError(f"processes must be >= 2 to measure co-running, got {processes}")
+    context = multiprocessing.get_context("spawn")
+    per_pass = {}
+    for count in (1, processes):
+        barrier, results = context.Barrier(count), context.Queue()
+        workers = [context.Process(target=_co_run_worker, args=(source.model_dump_json(), batch_size, seq_len_tokens,
+                                                                 seconds, barrier, results)) for _ in range(count)]
+        for worker in workers:
+            worker.start()
+        per_pass[count] = statistics.mean(results.get() for _ in workers)
+        for worker in workers:
+            worker.join()
+    slowdown = max(1.0, per_pass[processes] / per_pass[1])
+    logger.info("%s: %.2f ms per pass alone, %.2f ms with %d co-running: slowdown %.2f", source.name,
+                1e3 * per_pass[1], 1e3 * per_pass[processes], processes, slowdown)
+    return slowdown
+
+
 class CommProbe:
     """A Ray actor body that sends, receives and runs collectives for `profile_comm`."""
 
@@ -245,6 +314,14 @@ class CommProbe:
         import torch.distributed as dist
 
         dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=self.rank, world_size=self.degree)
+
+    def forward(self, state: ActivationState) -> ActivationState:
+        """Relay a stage's input unchanged (the hop probe's zero-compute stage)."""
+        return state
+
+    def process_ids(self) -> tuple[int, int]:
+        """This worker's pid and its parent's (the raylet), whose CPU the hop probe counts."""
+        return os.getpid(), os.getppid()
 
     def produce(self, num_bytes: int) -> torch.Tensor:
         return torch.ones(max(1, num_bytes // FP32_BYTES))
@@ -268,10 +345,104 @@ class CommProbe:
         return _timed(op, warmup, repeats)
 
 
+def _clock_ticks_per_s() -> int:
+    return os.sysconf("SC_CLK_TCK")
+
+
+def _proc_stat(pid: int) -> tuple[int, float] | None:
+    """(parent pid, user + system CPU seconds) of a live process from /proc; None when it is gone or unreadable."""
+    try:
+        fields = (PROC_ROOT / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    # After the command name: state, ppid, ..., utime (11th), stime (12th), counted from 0 (proc(5)).
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / _clock_ticks_per_s()
+
+
+def process_tree(root_pid: int) -> set[int]:
+    """`root_pid` and all its live descendants (a local Ray's GCS, raylet and workers descend from the driver)."""
+    children: dict[int, list[int]] = {}
+    for entry in PROC_ROOT.iterdir():
+        if entry.name.isdigit():
+            stat = _proc_stat(int(entry.name))
+            if stat is not None:
+                children.setdefault(stat[0], []).append(int(entry.name))
+    found, todo = set(), [root_pid]
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo += children.get(pid, [])
+    return found
+
+
+def processes_cpu_s(pids: set[int]) -> float:
+    """CPU seconds the live processes `pids` have used so far."""
+    return sum(stat[1] for stat in map(_proc_stat, pids) if stat is not None)
+
+
+def _collect(pending) -> None:
+    """Collect one relayed request as `ModelParallelGroup.result` does: every call, then the output."""
+    import ray
+
+    for _, ref in pending.calls:
+        ray.get(ref)
+    ray.get(pending.output)
+
+
+def profile_hop_overhead(actors: Sequence, payload_bytes: int = DEFAULT_HOP_PAYLOAD_BYTES,
+                         requests: int = HOP_REQUESTS, repeats: int = HOP_REPEATS,
+                         warmup: int = DEFAULT_WARMUP) -> HopOverhead:
+    """Per-hop overhead of the runtime (AlpaServe §3.3's communication overhead of inter-op parallelism, as a Ray
+    actor call per stage really costs it): relay an ActivationState of `payload_bytes` through chains of 1 and 2
+    `CommProbe` actors with the group runtime's call pattern. Wall per hop and per request: slope and intercept of
+    sequential request latency over the chain length. CPU per hop and per request: slope and intercept of the CPU
+    time all processes of the Ray cluster (driver tree, the actors and their raylet) spend per request while
+    `requests` are in flight. Off Linux (no /proc) the wall times stand in for CPU."""
+    import ray
+
+    from parallel.group_runtime import submit_chain
+
+    if len(actors) < max(HOP_CHAIN_LENGTHS):
+        raise ValueError(f"profile_hop_overhead needs {max(HOP_CHAIN_LENGTHS)} actors, got {len(actors)}")
+    state = ActivationState(hidden=torch.ones(max(1, payload_bytes // FP32_BYTES)))
+    actor_pids = ray.get([actor.process_ids.remote() for actor in actors])
+    pids = (process_tree(os.getpid()) | {pid for pair in actor_pids for pid in pair}) if PROC_ROOT.is_dir() else None
+    latency_s, cpu_s = {}, {}
+    for length in HOP_CHAIN_LENGTHS:
+        rows = [[actor] for actor in actors[:length]]
+        latency_s[length] = _timed(lambda: _collect(submit_chain(rows, state)), warmup, HOP_SEQUENTIAL_REQUESTS)
+        if pids is None:
+            cpu_s[length] = latency_s[length]
+            continue
+        samples = []
+        for _ in range(repeats):
+            before = processes_cpu_s(pids)
+            for pending in [submit_chain(rows, state) for _ in range(requests)]:
+                _collect(pending)
+            samples.append((processes_cpu_s(pids) - before) / requests)
+        cpu_s[length] = statistics.median(samples)
+    short, long = HOP_CHAIN_LENGTHS
+    hop_latency = max(0.0, (latency_s[long] - latency_s[short]) / (long - short))
+    hop_cpu = max(0.0, (cpu_s[long] - cpu_s[short]) / (long - short))
+    hop = HopOverhead(payload_bytes=state_bytes(state), latency_s=hop_latency, cpu_s=hop_cpu,
+                      request_cpu_s=max(0.0, cpu_s[short] - short * hop_cpu),
+                      request_latency_s=max(0.0, latency_s[short] - short * hop_latency), host_cores=host_cores())
+    logger.info("hop overhead: sequential latency %s s, CPU per request %s s -> %s", latency_s, cpu_s, hop)
+    return hop
+
+
+def host_cores() -> int:
+    """CPU cores this process may run on (its affinity), the cores stage actors on this host share."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def profile_comm(degrees: Sequence[int] = (2,), sizes_bytes: Sequence[int] = DEFAULT_COMM_SIZES_BYTES,
                  repeats: int = DEFAULT_COMM_REPEATS, warmup: int = DEFAULT_WARMUP,
-                 num_cpus_per_actor: float = COMM_PROBE_NUM_CPUS) -> CommModel:
-    """Fit alpha-beta models of an actor-to-actor send and of gloo collectives over each degree (Ray must be up)."""
+                 num_cpus_per_actor: float = COMM_PROBE_NUM_CPUS,
+                 hop_payload_bytes: int = DEFAULT_HOP_PAYLOAD_BYTES) -> CommModel:
+    """Fit alpha-beta models of an actor-to-actor send and of gloo collectives over each degree, and measure the
+    per-hop overhead (`profile_hop_overhead`) with an activation of `hop_payload_bytes` (Ray must be up)."""
     import ray
 
     probe = ray.remote(CommProbe)
@@ -291,7 +462,9 @@ def profile_comm(degrees: Sequence[int] = (2,), sizes_bytes: Sequence[int] = DEF
             send_sizes.append(num_bytes)
             send_times.append(_timed(call, warmup, repeats))
         logger.info("send times %s", dict(zip(send_sizes, send_times)))
-        model = CommModel(send=fit_alpha_beta(send_sizes, send_times))
+        model = CommModel(send=fit_alpha_beta(send_sizes, send_times),
+                          hop=profile_hop_overhead(actors[:max(HOP_CHAIN_LENGTHS)], hop_payload_bytes,
+                                                   warmup=warmup))
         for degree in group_degrees:
             if degree != first:
                 for actor in actors:

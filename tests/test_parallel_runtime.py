@@ -124,3 +124,10 @@ def test_comm_profile_fits_sends_and_collectives_between_actors(ray_serve):
     assert comm.all_reduce_s(sizes[-1], 1) == 0.0
     # Degrees that were not measured extrapolate along a ring from the nearest measured one.
     assert comm.all_reduce_s(sizes[-1], 4) >= comm.all_reduce_s(sizes[-1], 2)
+    # The per-hop overhead of the runtime's call pattern is measured with the sends and stored with them.
+    from parallel.profiler import DEFAULT_HOP_PAYLOAD_BYTES, host_cores
+
+    assert comm.hop is not None and comm.hop.payload_bytes >= DEFAULT_HOP_PAYLOAD_BYTES
+    assert comm.hop.host_cores == host_cores()
+    assert comm.hop.cpu_s + comm.hop.request_cpu_s > 0  # relaying costs some CPU in some Ray process
+    assert comm.hop.latency_s + comm.hop.request_latency_s > 0

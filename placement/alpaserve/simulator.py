@@ -105,10 +105,10 @@ class LatencyCache:
             model = self.profiles.models[name]
             table = None
             if model.has(config):
-                stages = model.get(config).stages
-                table = np.zeros((self.max_batch_size + 1, len(stages)))
+                profile = model.get(config)  # stage times include the profile's per-hop overhead
+                table = np.zeros((self.max_batch_size + 1, len(profile.stages)))
                 for b in range(1, self.max_batch_size + 1):
-                    table[b] = [stage.latency(b) for stage in stages]
+                    table[b] = profile.stage_latencies(b)
             self._latency[key] = table
         return self._latency[key]
 

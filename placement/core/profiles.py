@@ -4,6 +4,13 @@ A profile holds, for each parallel configuration a device group can run (intra-o
 AlpaServe §4.1), the latency of every pipeline stage for each batch size and the weight memory of every stage.
 Profiles are plain data: `parallel/` measures and writes them, the paper's reproduction profiles are built by
 `placement.alpaserve.paper_profiles`, and both round-trip through JSON unchanged.
+
+The cost model of a configuration (AlpaServe §3.3, "Overhead of Model Parallelism", and §4.1): a request's latency
+is the sum of its stage latencies and a pipeline admits a new batch every slowest-stage time; beyond AlpaServe, a
+measured profile also prices the runtime's per-hop overhead (each stage is a Ray actor call: submission,
+serialization, scheduling, the result's return) and, where the devices are logical CPU shares of one host, the
+host's cores, which bound throughput by the whole request's CPU (`ConfigProfile.period_s`). Profiles without those
+fields (older files, paper reproductions) price them at zero and no shared host: what they meant before.
 """
 
 from __future__ import annotations
@@ -15,6 +22,20 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from placement.core.latency_table import LatencyTable, table_latency_s
+
+#: The device resource whose devices are independent accelerators (`ClusterSpec.device_resource`); any other
+#: resource stands for logical shares of CPU hosts.
+GPU_DEVICE_RESOURCE = "GPU"
+
+
+def shared_host_cores(device_resource: str, host_cores: float | None) -> float | None:
+    """The cores a group's devices share when they are logical CPU shares of one host (`device_resource` is not
+    'GPU'); None for GPUs, whose devices run independently (throughput stays 1 / slowest stage)."""
+    if device_resource == GPU_DEVICE_RESOURCE or host_cores is None:
+        return None
+    if host_cores <= 0:
+        raise ValueError(f"host_cores must be > 0, got {host_cores}")
+    return float(host_cores)
 
 
 class ParallelConfig(BaseModel):
@@ -63,6 +84,28 @@ class ConfigProfile(BaseModel):
         default=None, description="The plan `python -m parallel configs` chose for this configuration (stage layer "
                                   "boundaries, shard layout), as `parallel.plan.ParallelPlan` JSON; opaque here: the "
                                   "group replica runs it. None: not planned (the runtime cuts the model evenly).")
+    hop_overhead_s: float = Field(
+        default=0.0, ge=0,
+        description="Wall seconds each stage call adds beyond its stage latency (the runtime's per-hop overhead: "
+                    "actor call, serialization, scheduling, returning the result), measured by the profiler; added to "
+                    "every stage's time and so to the latency. 0 in profiles that did not measure it.")
+    hop_cpu_s: float = Field(
+        default=0.0, ge=0,
+        description="Host CPU seconds each stage call costs beyond its stage latency, summed over every process "
+                    "(caller, Ray, actors); prices throughput where devices share a host's cores. 0: not measured.")
+    request_cpu_s: float = Field(
+        default=0.0, ge=0,
+        description="Host CPU seconds one request costs outside its stage calls (putting its input, collecting its "
+                    "result). 0: not measured.")
+    request_overhead_s: float = Field(
+        default=0.0, ge=0,
+        description="Wall seconds one request spends outside its stage calls (putting its input, waiting for and "
+                    "collecting the results), added once to the latency. 0: not measured.")
+    co_run_slowdown: float = Field(
+        default=1.0, ge=1.0,
+        description="Factor by which compute slows while every core of a shared host runs (measured with the model "
+                    "co-running on the other cores); multiplies the compute CPU of the shared-host cap. 1: not "
+                    "measured.")
 
     @model_validator(mode="after")
     def _check(self) -> "ConfigProfile":
@@ -71,15 +114,47 @@ class ConfigProfile(BaseModel):
         return self
 
     def stage_latencies(self, batch_size: int = 1) -> list[float]:
-        return [stage.latency(batch_size) for stage in self.stages]
+        """Each stage's time for one batch: its profiled latency plus the per-hop overhead of its call."""
+        return [stage.latency(batch_size) + self.hop_overhead_s for stage in self.stages]
 
     def latency(self, batch_size: int = 1) -> float:
-        """End-to-end latency of one batch through all stages."""
-        return sum(self.stage_latencies(batch_size))
+        """End-to-end latency of one batch through all stages (AlpaServe §3.3: compute plus communication), plus
+        the request's own overhead outside its stage calls."""
+        return sum(self.stage_latencies(batch_size)) + self.request_overhead_s
 
     def max_stage_latency(self, batch_size: int = 1) -> float:
-        """The pipeline's period: a new batch can enter every this many seconds."""
+        """The pipeline's period on independent devices: a new batch can enter every this many seconds."""
         return max(self.stage_latencies(batch_size))
+
+    def cpu_per_batch_s(self, batch_size: int = 1) -> float:
+        """Host CPU seconds one batch costs when the devices are CPU cores, all of them busy: every shard of every
+        stage computes for its stage's latency slowed by co-running, plus the overhead CPU of each shard's call and
+        of the request itself."""
+        compute = self.config.intra_op_degree * sum(stage.latency(batch_size) for stage in self.stages)
+        compute *= self.co_run_slowdown  # at saturation every core of the host computes at once
+        return compute + self.config.num_devices * self.hop_cpu_s + self.request_cpu_s  # one call per shard
+
+    def period_s(self, batch_size: int = 1, host_cores: float | None = None) -> float:
+        """Seconds between batches at saturation. Independent devices (`host_cores` None, e.g. GPUs): the slowest
+        stage (AlpaServe §3.3, uneven partition overhead). Devices that are shares of one host's `host_cores`
+        cores (see `shared_host_cores`): also no less than the whole batch's CPU spread over those cores."""
+        period = self.max_stage_latency(batch_size)
+        if host_cores is None:
+            return period
+        if host_cores <= 0:
+            raise ValueError(f"host_cores must be > 0, got {host_cores}")
+        return max(period, self.cpu_per_batch_s(batch_size) / host_cores)
+
+    def burst_s(self, num_batches: int, batch_size: int = 1, host_cores: float | None = None) -> float:
+        """Seconds to serve `num_batches` batches submitted at once: the first after the latency, each next one a
+        period later (a pipeline's fill, then its steady state)."""
+        if num_batches < 1:
+            raise ValueError(f"num_batches must be >= 1, got {num_batches}")
+        return self.latency(batch_size) + (num_batches - 1) * self.period_s(batch_size, host_cores)
+
+    def throughput_rps(self, batch_size: int = 1, host_cores: float | None = None) -> float:
+        """Requests per second at saturation: `batch_size` / `period_s`."""
+        return batch_size / self.period_s(batch_size, host_cores)
 
     def weight_bytes_per_device(self) -> int:
         return max(stage.weight_bytes_per_device for stage in self.stages)
@@ -117,6 +192,10 @@ class ProfileSet(BaseModel):
     device: str = Field(description="The device the figures describe, e.g. 'cpu: 1 thread' or 'V100 (AlpaServe Table "
                                     "1)'.")
     models: dict[str, ModelProfile] = Field(default_factory=dict)
+    host_cores: float | None = Field(
+        default=None, gt=0,
+        description="Cores of the host the profile was measured on (the profiler's count); with a device resource "
+                    "other than 'GPU' the devices share them (`shared_host_cores`). None: not recorded.")
 
     def merge(self, other: "ProfileSet") -> "ProfileSet":
         """Profiles of `other` override or extend this set's, configuration by configuration."""
@@ -129,7 +208,8 @@ class ProfileSet(BaseModel):
             for config_profile in profile.configs:
                 by_key[config_profile.config.key()] = config_profile
             merged[name] = ModelProfile(name=name, configs=list(by_key.values()))
-        return ProfileSet(source=other.source, device=other.device, models=merged)
+        return ProfileSet(source=other.source, device=other.device, models=merged,
+                          host_cores=other.host_cores if other.host_cores is not None else self.host_cores)
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.model_dump_json(indent=2))
