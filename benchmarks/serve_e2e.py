@@ -223,15 +223,17 @@ CPU_ROLES = {"proxy": "ProxyActor", "ingress": "plexserve:Ingress", "replicas": 
 def cpu_seconds_by_role() -> dict[str, float]:
     """CPU seconds (user + system) so far of Serve's proxy, plexserve's ingress, its other replicas and this
     process (the load generator), read from /proc (Linux); empty where /proc is not there."""
+    from parallel.profiler import PROC_ROOT, process_cpu_s
+
     totals = {role: 0.0 for role in (*CPU_ROLES, "load_generator")}
-    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    for entry in Path("/proc").glob("[0-9]*"):
+    for entry in PROC_ROOT.glob("[0-9]*"):
+        seconds = process_cpu_s(int(entry.name))
         try:
             command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        seconds = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime (fields 14 and 15 of stat)
+        if seconds is None:
+            continue
         if int(entry.name) == os.getpid():
             totals["load_generator"] += seconds
             continue

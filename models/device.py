@@ -12,8 +12,11 @@ from typing import Any
 
 import torch
 
-#: The Ray resource name of a GPU; Ray reserves it through `num_gpus`, never through `resources`.
-GPU_RESOURCE = "GPU"
+from placement.core.profiles import GPU_DEVICE_RESOURCE
+
+#: The Ray resource name of a GPU (the spec's `cluster.device_resource`, defined with the profiles' cost model);
+#: Ray reserves it through `num_gpus`, never through `resources`.
+GPU_RESOURCE = GPU_DEVICE_RESOURCE
 #: The device resource of a cluster whose "devices" are plain CPUs (no reservation beyond `num_cpus`).
 CPU_RESOURCE = "CPU"
 

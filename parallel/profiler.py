@@ -376,9 +376,15 @@ def process_tree(root_pid: int) -> set[int]:
     return found
 
 
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds a live process has used so far (/proc); None when it is gone or unreadable."""
+    stat = _proc_stat(pid)
+    return stat[1] if stat is not None else None
+
+
 def processes_cpu_s(pids: set[int]) -> float:
     """CPU seconds the live processes `pids` have used so far."""
-    return sum(stat[1] for stat in map(_proc_stat, pids) if stat is not None)
+    return sum(seconds for seconds in map(process_cpu_s, pids) if seconds is not None)
 
 
 def _collect(pending) -> None:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from placement.core.calibration_settings import ServiceCalibrationSettings
 from placement.core.placement_plan import Placement
+from placement.core.profiles import GPU_DEVICE_RESOURCE
 from placement.core.transition_costs import TransitionModel
 
 #: Model names appear in URLs (`/v1/models/{name}/embed`), metric tags and deployment names.
@@ -122,7 +123,7 @@ class ClusterSpec(_Strict):
                              description="Number of devices (GPUs, or logical devices on CPU machines).")
     device_memory_bytes: int = Field(default=16 * 1024**3, gt=0, description="Memory of one device, in bytes.")
     device_resource: str = Field(
-        default="GPU",
+        default=GPU_DEVICE_RESOURCE,
         description="Ray resource that stands for one device: 'GPU' on GPU clusters, or a logical resource name on "
                     "CPU-only clusters.",
     )
