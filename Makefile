@@ -21,7 +21,8 @@ serve: install
 	@echo "  embed:     curl -X POST http://127.0.0.1:8000/v1/models/minilm/embed -d '{\"texts\": [\"hello world\"]}'"
 	@echo "  models:    curl http://127.0.0.1:8000/v1/models"
 	@echo "  dashboard: http://127.0.0.1:8265"
-	$(VENV)/bin/serve run configs/local.yaml
+	@echo "  ingress:   Serve's HAProxy ingress (rayserve_apps/fast_ingress.py)"
+	$(PY) -m rayserve_apps.fast_ingress configs/local.yaml
 
 # ruff first (configuration in pyproject.toml): a lint error fails in seconds, before the slow tests.
 test: install

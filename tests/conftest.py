@@ -27,24 +27,54 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def ray_serve():
-    """A local Ray with logical devices and Ray Serve on a free loopback port; yields the HTTP base URL."""
+def _local_ray_serve(env: dict[str, str]):
+    """A local Ray with logical devices and Ray Serve on a free loopback port, its processes started with `env`
+    added to this process's environment (restored afterwards); yields the HTTP base URL."""
     import ray
     from ray import serve
 
     if ray.is_initialized():
         serve.shutdown()
         ray.shutdown()
-    ray.init(address="local", num_cpus=TEST_RAY_NUM_CPUS, resources={TEST_DEVICE_RESOURCE: TEST_NUM_DEVICES},
-             include_dashboard=False, log_to_driver=False)
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
     try:
-        yield f"http://127.0.0.1:{port}"
+        ray.init(address="local", num_cpus=TEST_RAY_NUM_CPUS, resources={TEST_DEVICE_RESOURCE: TEST_NUM_DEVICES},
+                 include_dashboard=False, log_to_driver=False)
+        port = free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            serve.shutdown()
+            ray.shutdown()
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture(scope="module")
+def ray_serve():
+    """A local Ray with Serve's defaults (its Python HTTP proxy); yields the HTTP base URL."""
+    yield from _local_ray_serve({})
+
+
+@pytest.fixture(scope="module")
+def fast_ingress_ports() -> dict[str, int]:
+    """Free ports for HAProxy's stats and Prometheus listeners (fixed per machine by default)."""
+    return {"stats_port": free_port(), "metrics_port": free_port()}
+
+
+@pytest.fixture(scope="module")
+def ray_serve_fast_ingress(fast_ingress_ports):
+    """A local Ray in plexserve's serving mode, as `make serve` starts it (`rayserve_apps.fast_ingress`: HAProxy in
+    front, HTTP served by the ingress replica); yields the HTTP base URL (HAProxy's)."""
+    from rayserve_apps.fast_ingress import local_env
+
+    yield from _local_ray_serve(local_env(**fast_ingress_ports))
 
 
 #: Seconds a restarted placement controller may take to come back and read its state from Serve.

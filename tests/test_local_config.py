@@ -1,7 +1,8 @@
-"""configs/local.yaml end to end: every model answers over HTTP and through handles, as `serve run` deploys it.
+"""configs/local.yaml end to end: every model answers over HTTP and through handles, as `make serve` deploys it.
 
-The config is applied declaratively (as `serve run CONFIG` and `serve deploy` do) onto a local Ray whose CPUs
-stand in for the config's CPU-share devices. Text outputs equal the single-process model's; the adaptive ViT
+The config is applied declaratively (as `serve run CONFIG` and `serve deploy` do) onto a local Ray started as
+`make serve` starts it (`rayserve_apps.fast_ingress`: Serve's HAProxy ingress, every listener on 127.0.0.1), whose
+CPUs stand in for the config's CPU-share devices. Text outputs equal the single-process model's; the adaptive ViT
 answers with its profiled gamma and the label the unified model gives at that gamma.
 """
 
@@ -28,7 +29,8 @@ TEXTS = ["plexserve serves many transformer models", "word " * 100]
 
 
 @pytest.fixture(scope="module")
-def local_app(ray_serve):
+def local_app(ray_serve_fast_ingress):
+    ray_serve = ray_serve_fast_ingress
     config = yaml.safe_load(CONFIG.read_text())
     app = config["applications"][0]
     # Generous SLOs: this test checks answers, not deadlines, and CI machines may be busy.
@@ -97,10 +99,10 @@ def test_adaptive_vit_takes_task_slo_and_utility_and_names_bad_ones(local_app):
     assert grouped.status_code == 200
 
 
-def test_past_the_ingress_bound_the_proxy_refuses_with_retry_after_and_nothing_fails(local_app):
-    """More requests at once than the config lets wait (`ingress_max_ongoing_requests` in the ingress plus
-    `ingress_max_queued_requests` held by Serve's proxy): the excess is refused with 503 and Retry-After by the
-    proxy, every other request is answered, and the app keeps answering afterwards."""
+def test_past_the_ingress_bound_the_ingress_refuses_with_retry_after_and_nothing_fails(local_app):
+    """More requests at once than the config lets wait (`ingress_max_ongoing_requests` running in the ingress plus
+    `ingress_max_queued_requests` waiting for it): Serve refuses the excess with 503 and Retry-After before
+    plexserve's code, every other request is answered, and the app keeps answering afterwards."""
     serving = local_app["spec"].serving
     bound = serving.ingress_max_ongoing_requests + serving.ingress_max_queued_requests
     assert serving.ingress_max_queued_requests >= 0, "local.yaml bounds what waits for the ingress"
@@ -117,3 +119,20 @@ def test_past_the_ingress_bound_the_proxy_refuses_with_retry_after_and_nothing_f
     assert refused and statuses.count(200) >= serving.ingress_max_ongoing_requests // 2, statuses.count(200)
     assert all(answer.headers.get("retry-after") == f"{serving.ingress_retry_after_s:.0f}" for answer in refused)
     assert send(-1).status_code == 200
+
+
+def test_every_listener_of_the_ingress_binds_the_loopback_interface(local_app, fast_ingress_ports):
+    """HAProxy's HTTP, stats and Prometheus listeners (Serve binds the last two on all interfaces;
+    `rayserve_apps/haproxy_loopback.sh` moves them) listen on 127.0.0.1 only, and HAProxy answers on the HTTP one."""
+    http_port = int(local_app["url"].rsplit(":", 1)[1])
+    ports = {http_port, *fast_ingress_ports.values()}
+    listening: dict[int, set[str]] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            if state == "0A":  # LISTEN
+                address, port = local.rsplit(":", 1)
+                listening.setdefault(int(port, 16), set()).add(address)
+    assert ports <= set(listening), sorted(ports - set(listening))
+    assert all(listening[port] == {"0100007F"} for port in ports), {port: listening[port] for port in ports}
+    assert requests.get(f"{local_app['url']}/v1/models", timeout=60).status_code == 200
