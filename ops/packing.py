@@ -122,6 +122,41 @@ def slots_per_row(row_length_tokens: int, slot_size_tokens: int) -> int:
     return row_length_tokens // slot_size_tokens
 
 
+#: Row widths tried by `narrowest_rows` are multiples of this many tokens (and the full row length).
+LAYOUT_WIDTH_STEP_TOKENS = 16
+
+
+def narrowest_rows(lengths: Sequence[int], row_length_tokens: int, num_rows: int) -> list[list[int]]:
+    """The same requests re-laid into the rows that compute the fewest positions: first-fit-decreasing into rows of
+    width W <= row_length_tokens (W a multiple of LAYOUT_WIDTH_STEP_TOKENS, or L itself), at most num_rows rows,
+    the W whose rows x longest row is smallest (the narrower on a tie, as attention costs W^2 per row).
+
+    An execution-layout step after TCB's schedulers (§4.1, Alg. 1 and 2 choose which requests run, in B rows of
+    L tokens): a scheduler fills rows to L, and a trimmed batch still computes every row as wide as the fullest
+    one, so a few short texts in rows of a long model limit (L = 256 for MiniLM) cost up to a third more
+    positions, and longer attention rows, than the same texts in narrower rows. The texts, hence the scheduler's
+    decision and every answer, are unchanged. Returns bins of request indices; ValueError as
+    `first_fit_decreasing` when the requests do not fit num_rows rows of row_length_tokens.
+    """
+    longest = max(lengths, default=0)
+    step = LAYOUT_WIDTH_STEP_TOKENS
+    widths = sorted({w for w in range(-(-longest // step) * step, row_length_tokens, step) if w > 0}
+                    | {row_length_tokens})
+    best: tuple[int, list[list[int]]] | None = None
+    for width in widths:
+        if width < longest:
+            continue
+        bins = first_fit_decreasing(lengths, width)
+        if len(bins) > num_rows:
+            continue
+        cost = len(bins) * max(sum(lengths[i] for i in b) for b in bins)
+        if best is None or cost < best[0]:
+            best = (cost, bins)
+    if best is None:  # not even rows of the full length hold them: first_fit_decreasing names the limit
+        return first_fit_decreasing(lengths, row_length_tokens, num_rows)
+    return best[1]
+
+
 def pack_requests(token_ids: Sequence[Sequence[int]], row_length_tokens: int, num_rows: int | None = None,
                   slot_size_tokens: int | None = None, bins: Sequence[Sequence[int]] | None = None,
                   token_type_ids: Sequence[Sequence[int]] | None = None, pad_token_id: int = 0,

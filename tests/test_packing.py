@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ops.concat_attention import block_diagonal_mask, mask_kind_for
-from ops.packing import first_fit_decreasing, pack_requests, pooled_embeddings, unpack_token_states
+from ops.packing import first_fit_decreasing, narrowest_rows, pack_requests, pooled_embeddings, unpack_token_states
 
 
 def _requests(count: int, seed: int = 0, low: int = 3, high: int = 40) -> list[list[int]]:
@@ -103,3 +103,25 @@ def test_unpack_and_pool_follow_placements():
     for index, p in enumerate(batch.placements):
         assert torch.equal(states[index], hidden[p.row, p.start:p.start + p.length])
         assert torch.allclose(pooled[index], states[index].mean(dim=0), atol=1e-6)
+
+
+def _positions(lengths: list[int], bins: list[list[int]]) -> int:
+    return len(bins) * max(sum(lengths[i] for i in b) for b in bins)
+
+
+def test_narrowest_rows_computes_fewer_positions_than_rows_filled_to_the_limit():
+    """Short texts in rows of a long limit: the same texts in narrower rows, each once, within num_rows rows."""
+    lengths = [len(r) for r in _requests(16, seed=3, low=10, high=34)]
+    full = first_fit_decreasing(lengths, 256, 8)
+    narrow = narrowest_rows(lengths, 256, 8)
+    assert sorted(i for b in narrow for i in b) == list(range(len(lengths)))
+    assert len(narrow) <= 8 and all(sum(lengths[i] for i in b) <= 256 for b in narrow)
+    assert _positions(lengths, narrow) < _positions(lengths, full)
+    packed = pack_requests([[7] * n for n in lengths], 256, num_rows=8, bins=narrow)
+    assert packed.input_ids.shape[1] < 256 and packed.real_tokens == sum(lengths)
+
+
+def test_narrowest_rows_keeps_full_rows_when_only_they_fit_and_names_the_limit_when_nothing_fits():
+    assert narrowest_rows([120, 120, 10], 256, 1) == [[0, 1, 2]]  # narrower rows would need more than 1
+    with pytest.raises(ValueError, match="more than the 1 available"):
+        narrowest_rows([100, 100], 128, 1)

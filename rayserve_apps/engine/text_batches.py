@@ -5,8 +5,9 @@ model's SLO as deadline) and asks the configured scheduler (DAS by default, TCB 
 FCFS, SJF, EDF) for the next batch of B rows x L tokens once the rows are full or the oldest text has waited
 `batch_wait_s`. Texts whose deadline passes before they are scheduled are dropped (TCB §5.2) and answered 503.
 
-`pack_text_batch` turns a formed batch into one `PackedBatch` (ops/packing.py): the scheduler's rows (or slots)
-concatenated with per-text positions and a block-diagonal mask (TCB §4.1). A polymorphing model (Arlo) instead
+`pack_text_batch` turns a formed batch into one `PackedBatch` (ops/packing.py): the scheduler's texts concatenated
+into rows (re-laid into the narrowest rows that hold them, `ops.packing.narrowest_rows`) or its slots, with per-text
+positions and a block-diagonal mask (TCB §4.1). A polymorphing model (Arlo) instead
 packs into rows of its ideal runtime's fixed width (Arlo §3.4, Alg. 1 lines 18-19), untrimmed.
 
 Backends: `InProcessTextBackend` runs the packed forward in a worker thread of this process;
@@ -25,7 +26,7 @@ import torch
 from models.layers import ActivationState
 from models.packed_text import PackedTextEncoder
 from ops.concat_attention import block_diagonal_mask
-from ops.packing import PackedBatch, pack_requests, pooled_embeddings
+from ops.packing import PackedBatch, narrowest_rows, pack_requests, pooled_embeddings
 from parallel.group_runtime import ModelParallelGroup
 from placement.arlo.runtimes import ideal_runtime_length
 from placement.core.deployment_spec import ModelSpec, PolicySpec
@@ -103,9 +104,12 @@ def pack_text_batch(batch: FormedBatch, scheduler: BatchScheduler, pad_token_id:
         width = ideal_runtime_length(runtime_lengths_tokens, max(len(ids) for ids in token_ids))
         return pack_requests(token_ids, row_length_tokens=width, pad_token_id=pad_token_id, trim=False)
     decision: BatchDecision = batch.plan
-    position = {id(item): i for i, item in enumerate(batch.items)}
-    bins = [[position[id(r.request_id)] for r in members] for members in decision.bins()]
     params = scheduler.params
+    if decision.slot_size_tokens is None:  # rows: the chosen texts in the rows that compute the fewest positions
+        bins = narrowest_rows([len(ids) for ids in token_ids], params.row_length_tokens, params.num_rows)
+    else:  # slots (Slotted DAS): the scheduler's slots as chosen
+        position = {id(item): i for i, item in enumerate(batch.items)}
+        bins = [[position[id(r.request_id)] for r in members] for members in decision.bins()]
     return pack_requests(token_ids, params.row_length_tokens, num_rows=params.num_rows,
                          slot_size_tokens=decision.slot_size_tokens, bins=bins, pad_token_id=pad_token_id)
 
