@@ -1,18 +1,29 @@
 """serve_e2e: plexserve's main path against the plain Ray Serve app a user would write instead, end to end.
 
-Both applications run in one local Ray on the same CPUs and are driven through Serve's real HTTP proxy by one
-asyncio load generator (aiohttp, keep-alive connections) in this process:
+Two applications, driven over HTTP by one asyncio load generator (aiohttp, keep-alive connections) in the same
+process as their Ray, on the same CPUs:
 
 * plexserve: `configs/local.yaml` exactly as `make serve` deploys it (ingress, device groups, vision model,
   placement controller), requests `POST /v1/models/minilm/embed {"texts": [text]}`;
 * plain: one deployment, sentence-transformers all-MiniLM-L6-v2 with `@serve.batch(max_batch_size=32)`, the
   replica owning the two CPUs, requests `POST /plain {"texts": [text]}`.
 
+Serve's HTTP path is switched when Ray starts, so the run has two sessions, each a Ray of its own in a child
+process, both applications side by side in each:
+
+* `serve_proxy`: Serve's defaults, its Python HTTP proxy in front (how a user runs the plain app);
+* `fast_ingress`: plexserve's serving mode (`make serve`, `rayserve_apps/fast_ingress.py`): HAProxy in front,
+  HTTP served by the ingress replica, throughput-optimised Serve.
+
+The headline `ratio_ok_per_s_N` is plexserve as shipped (fast ingress) over the plain app as users run it (Serve's
+proxy); `ratio_ok_per_s_N_both_fast_ingress` and `..._both_serve_proxy` compare the two behind the same ingress.
+
 Short texts of N(20, 8) words. Closed loop at 1, 4, 16 and 64 clients (each client sends its next request when
-the last one is answered), the two systems alternating per client count; then an open-loop overload (Poisson
-arrivals) on plexserve at 2x and 4x the peak it sustained. `goodput` counts 200 answers within the model's SLO.
-`fraction_of_compute_bound_64` divides plexserve's requests/s at 64 clients by what the same model does in this
-process on the same texts at its best batch size (measured in the same run, Ray idle).
+the last one is answered), the two systems alternating per client count; then, in the fast-ingress session, an
+open-loop overload (Poisson arrivals) on plexserve at 2x and 4x the peak it sustained there, with the CPU seconds of
+each process. `goodput` counts 200 answers within the model's SLO. `fraction_of_compute_bound_64` divides
+plexserve's requests/s at 64 clients by what the same model does in this process on the same texts at its best
+batch size (measured in the same run, Ray idle).
 
     .venv/bin/python benchmarks/serve_e2e.py --quick     # about 5 minutes
 """
@@ -61,12 +72,21 @@ REQUEST_TIMEOUT_S = 30.0
 #: Open-loop requests allowed in flight at once; arrivals past it count as client-side drops.
 MAX_OPEN_LOOP_IN_FLIGHT = 2048
 #: (warm-up, measured) seconds per point.
-QUICK_DURATIONS_S = (2.0, 8.0)
+QUICK_DURATIONS_S = (1.0, 8.0)
 FULL_DURATIONS_S = (4.0, 25.0)
+#: Characters of a plain-text error body kept as its error type.
+UNPARSED_PREFIX_CHARS = 40
 #: Batch sizes tried for the in-process compute bound.
 COMPUTE_BOUND_BATCH_SIZES = (8, 16, 32, 64)
 
 PLEXSERVE_CONFIG = REPO / "configs" / "local.yaml"
+#: How Serve's HTTP path runs, each in a Ray of its own (the switches are read when Ray's processes start).
+INGRESS_MODES = {"serve_proxy": "Serve's defaults: its Python HTTP proxy in front of every application",
+                 "fast_ingress": "plexserve's serving mode (make serve): HAProxy and throughput-optimised Serve, "
+                                 "rayserve_apps/fast_ingress.py"}
+#: plexserve as shipped, and the plain app as a user writes and runs it (the issue's bar).
+PLEXSERVE_INGRESS = "fast_ingress"
+BASELINE_INGRESS = "serve_proxy"
 PLEXSERVE_MODEL = "minilm"
 
 log = setup_logging("serve_e2e")
@@ -216,8 +236,8 @@ class LoadGenerator:
 
 
 #: Processes whose CPU time the overload runs attribute, by a fragment of their command line (Ray's process titles).
-CPU_ROLES = {"proxy": "ProxyActor", "ingress": "plexserve:Ingress", "replicas": "ServeReplica:plexserve:",
-             "stage_actors": "StageShard"}
+CPU_ROLES = {"haproxy": "bin/haproxy", "proxy": "ProxyActor", "ingress": "plexserve:Ingress",
+             "replicas": "ServeReplica:plexserve:", "stage_actors": "StageShard"}
 
 
 def cpu_seconds_by_role() -> dict[str, float]:
@@ -249,8 +269,8 @@ def _error_type(body: bytes) -> str:
 
     try:
         return str(json.loads(body)["error"]["type"])
-    except (ValueError, KeyError, TypeError):
-        return "unparsed"
+    except (ValueError, KeyError, TypeError):  # not plexserve's JSON error: Serve's or HAProxy's plain-text answer
+        return "text: " + body[:UNPARSED_PREFIX_CHARS].decode(errors="replace").strip()
 
 
 def free_port() -> int:
@@ -320,11 +340,16 @@ def plot(points: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax_tp, ax_p99) = plt.subplots(1, 2, figsize=(10, 4))
-    for system, style in (("plexserve", "o-"), ("plain", "s--")):
-        rows = [p for p in points if p["system"] == system and p["mode"] == "closed"]
+    styles = {("plexserve", "fast_ingress"): "o-", ("plexserve", "serve_proxy"): "o:",
+              ("plain", "serve_proxy"): "s--", ("plain", "fast_ingress"): "s-."}
+    for (system, ingress), style in styles.items():
+        rows = [p for p in points if p["system"] == system and p["mode"] == "closed" and p["ingress"] == ingress]
+        if not rows:
+            continue
         clients = [p["load"] for p in rows]
-        ax_tp.plot(clients, [p["ok_per_s"] for p in rows], style, label=system)
-        ax_p99.plot(clients, [p["p99_ms"] for p in rows], style, label=system)
+        label = f"{system} ({ingress})"
+        ax_tp.plot(clients, [p["ok_per_s"] for p in rows], style, label=label)
+        ax_p99.plot(clients, [p["p99_ms"] for p in rows], style, label=label)
     for ax, label in ((ax_tp, "requests/s answered 200"), (ax_p99, "p99 latency of 200 answers (ms)")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("closed-loop clients")
@@ -336,24 +361,19 @@ def plot(points: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
-    parser = make_parser(__doc__)
-    parser.add_argument("--clients", type=int, nargs="*", default=list(CLIENT_COUNTS), help="closed-loop client counts")
-    parser.add_argument("--skip-plain", action="store_true", help="measure plexserve alone (development runs)")
-    parser.add_argument("--config", type=Path, default=PLEXSERVE_CONFIG, help="plexserve Serve config to deploy")
-    parser.add_argument("--skip-overload", action="store_true", help="no open-loop overload runs")
-    args = parser.parse_args()
-    warmup_s, duration_s = QUICK_DURATIONS_S if args.quick else FULL_DURATIONS_S
+def run_session(ingress: str, args, out: Path) -> None:
+    """One Ray with one ingress mode (its switches are in this process's environment, set by `main`): both
+    applications side by side, closed loop alternating per client count; with the fast ingress, the open-loop
+    overload on plexserve. Writes the points as JSON to `out`."""
+    import json
 
     import ray
     from ray import serve
 
     from rayserve_apps.app import build_app
 
+    warmup_s, duration_s = QUICK_DURATIONS_S if args.quick else FULL_DURATIONS_S
     texts = make_texts(NUM_TEXTS)
-    log.info("measuring the in-process compute bound")
-    bound = compute_bound(texts, seconds=2.0 if args.quick else 5.0)
-
     spec = plexserve_args(args.config)
     slo_ms = next(m["slo_ms"] for m in spec["models"] if m["name"] == PLEXSERVE_MODEL)
     ray.init(address="local", num_cpus=RAY_NUM_CPUS, include_dashboard=False, log_to_driver=False)
@@ -364,7 +384,8 @@ def main() -> None:
     systems = ["plexserve"] if args.skip_plain else ["plain", "plexserve"]
     points: list[dict] = []
     try:
-        log.info("deploying plexserve (configs/local.yaml)%s", "" if args.skip_plain else " and the plain app")
+        log.info("[%s] deploying plexserve (%s)%s", ingress, args.config.name,
+                 "" if args.skip_plain else " and the plain app")
         serve.run(build_app(spec), name="plexserve", route_prefix="/")
         if not args.skip_plain:
             serve.run(plain_app(), name="plain", route_prefix="/plain")
@@ -377,41 +398,97 @@ def main() -> None:
             for system in order:
                 point = loop.run_until_complete(generator.closed_loop(
                     urls[system], Point(system, "closed", clients, duration_s, slo_ms=slo_ms), clients, warmup_s))
-                points.append(point.summary())
-                log.info("%-9s %3d clients: %s", system, clients, _brief(points[-1]))
-        peak = max(p["goodput_per_s"] for p in points if p["system"] == "plexserve")
-        if not args.skip_overload:
+                points.append({**point.summary(), "ingress": ingress})
+                log.info("[%s] %-9s %3d clients: %s", ingress, system, clients, _brief(points[-1]))
+        if ingress == PLEXSERVE_INGRESS and not args.skip_overload:
+            peak = max(p["goodput_per_s"] for p in points if p["system"] == "plexserve")
             for factor in OVERLOAD_FACTORS:
                 cpu_before = cpu_seconds_by_role()
                 point = loop.run_until_complete(generator.open_loop(
                     urls["plexserve"], Point("plexserve", "open", factor * peak, duration_s, slo_ms=slo_ms),
                     factor * peak, seed=int(factor * 10)))
                 cpu_s = {role: round(s - cpu_before[role], 2) for role, s in cpu_seconds_by_role().items()}
-                points.append({**point.summary(), "factor": factor, "cpu_s_by_process": cpu_s})
-                log.info("plexserve open loop at %.1fx peak (%.0f/s): %s; CPU s by process %s", factor,
-                         factor * peak, _brief(points[-1]), cpu_s)
+                points.append({**point.summary(), "ingress": ingress, "factor": factor, "cpu_s_by_process": cpu_s})
+                log.info("[%s] plexserve open loop at %.1fx peak (%.0f/s): %s; CPU s by process %s", ingress,
+                         factor, factor * peak, _brief(points[-1]), cpu_s)
         loop.close()
     finally:
         serve.shutdown()
         ray.shutdown()
+    out.write_text(json.dumps(points))
 
-    def closed(system: str, clients: int) -> dict | None:
-        return next((p for p in points if p["system"] == system and p["mode"] == "closed" and p["load"] == clients),
-                    None)
 
+def session_env(ingress: str) -> dict[str, str]:
+    """The environment of a session's process: Serve's defaults, or plexserve's fast ingress (free ports for
+    HAProxy's stats and metrics so that the run can go on beside `make serve`)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_SERVE_")}
+    if ingress == "fast_ingress":
+        from rayserve_apps.fast_ingress import local_env
+
+        env.update(local_env(stats_port=free_port(), metrics_port=free_port()))
+    return env
+
+
+def main() -> None:
+    import json
+    import subprocess
+    import tempfile
+
+    parser = make_parser(__doc__)
+    parser.add_argument("--clients", type=int, nargs="*", default=list(CLIENT_COUNTS), help="closed-loop client counts")
+    parser.add_argument("--skip-plain", action="store_true", help="measure plexserve alone (development runs)")
+    parser.add_argument("--config", type=Path, default=PLEXSERVE_CONFIG, help="plexserve Serve config to deploy")
+    parser.add_argument("--skip-overload", action="store_true", help="no open-loop overload runs")
+    parser.add_argument("--ingress", choices=INGRESS_MODES, nargs="*", default=list(INGRESS_MODES),
+                        help="ingress modes to measure, each in its own Ray (default: both)")
+    parser.add_argument("--session", choices=INGRESS_MODES, help=argparse_suppress())
+    parser.add_argument("--session-out", type=Path, help=argparse_suppress())
+    args = parser.parse_args()
+    if args.session:
+        run_session(args.session, args, args.session_out)
+        return
+
+    texts = make_texts(NUM_TEXTS)
+    log.info("measuring the in-process compute bound")
+    bound = compute_bound(texts, seconds=1.0 if args.quick else 5.0)
+    points: list[dict] = []
+    passed = [a for a in sys.argv[1:] if not a.startswith("--ingress")]
+    for ingress in args.ingress:
+        with tempfile.TemporaryDirectory() as folder:
+            out = Path(folder) / "points.json"
+            log.info("session %s: a Ray of its own (%s)", ingress, INGRESS_MODES[ingress])
+            subprocess.run([sys.executable, __file__, *passed, "--ingress", ingress, "--session", ingress,
+                            "--session-out", str(out)], env=session_env(ingress), check=True)
+            points += json.loads(out.read_text())
+
+    def closed(system: str, clients: int, ingress: str) -> dict | None:
+        return next((p for p in points if p["system"] == system and p["mode"] == "closed" and p["load"] == clients
+                     and p["ingress"] == ingress), None)
+
+    shipped = [p for p in points if p["system"] == "plexserve" and p["ingress"] == PLEXSERVE_INGRESS]
+    peak = max((p["goodput_per_s"] for p in shipped if p["mode"] == "closed"), default=0.0)
     figures: dict = {"machine": machine_description(), "quick": args.quick, "points": points,
                      "compute_bound_texts_per_s": bound["texts_per_s"], "compute_bound_best": bound["best"],
                      "peak_goodput_plexserve": peak}
     for clients in args.clients:
-        plex, plain = closed("plexserve", clients), closed("plain", clients)
-        figures[f"ok_per_s_plexserve_{clients}"] = plex["ok_per_s"]
-        figures[f"p99_ms_plexserve_{clients}"] = plex["p99_ms"]
+        plex, plain = closed("plexserve", clients, PLEXSERVE_INGRESS), closed("plain", clients, BASELINE_INGRESS)
+        if plex is not None:
+            figures[f"ok_per_s_plexserve_{clients}"] = plex["ok_per_s"]
+            figures[f"p99_ms_plexserve_{clients}"] = plex["p99_ms"]
         if plain is not None:
             figures[f"ok_per_s_plain_{clients}"] = plain["ok_per_s"]
             figures[f"p99_ms_plain_{clients}"] = plain["p99_ms"]
+        if plex is not None and plain is not None:
             figures[f"ratio_ok_per_s_{clients}"] = plex["ok_per_s"] / max(plain["ok_per_s"], 1e-9)
-    if closed("plexserve", 64) is not None:
-        figures["fraction_of_compute_bound_64"] = closed("plexserve", 64)["ok_per_s"] / bound["texts_per_s"]
+        for ingress in INGRESS_MODES:  # both systems behind the same ingress
+            a, b = closed("plexserve", clients, ingress), closed("plain", clients, ingress)
+            if a is not None and b is not None:
+                figures[f"ratio_ok_per_s_{clients}_both_{ingress}"] = a["ok_per_s"] / max(b["ok_per_s"], 1e-9)
+                figures[f"p99_ms_plexserve_{clients}_{ingress}"] = a["p99_ms"]
+                figures[f"p99_ms_plain_{clients}_{ingress}"] = b["p99_ms"]
+    if closed("plexserve", 64, PLEXSERVE_INGRESS) is not None:
+        figures["fraction_of_compute_bound_64"] = closed("plexserve", 64, PLEXSERVE_INGRESS)["ok_per_s"] / bound[
+            "texts_per_s"]
     for p in points:
         if p["mode"] == "open":
             figures[f"goodput_ratio_overload_{p['factor']:g}x"] = p["goodput_per_s"] / max(peak, 1e-9)
@@ -422,6 +499,12 @@ def main() -> None:
     plot(points, path)
     log.info("wrote %s", path)
     emit_json(figures)
+
+
+def argparse_suppress() -> str:
+    import argparse
+
+    return argparse.SUPPRESS
 
 
 def _brief(point: dict) -> str:
