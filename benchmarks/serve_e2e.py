@@ -30,6 +30,7 @@ batch size (measured in the same run, Ray idle).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import random
@@ -429,6 +430,14 @@ def session_env(ingress: str) -> dict[str, str]:
     return env
 
 
+def session_argv(args: argparse.Namespace, ingress: str, out: Path) -> list[str]:
+    """The command line of one session's child process: this run's options, its ingress mode and its output."""
+    argv = ["--clients", *map(str, args.clients), "--config", str(args.config), "--session", ingress,
+            "--session-out", str(out)]
+    flags = {"--quick": args.quick, "--skip-plain": args.skip_plain, "--skip-overload": args.skip_overload}
+    return argv + [flag for flag, on in flags.items() if on]
+
+
 def main() -> None:
     import json
     import subprocess
@@ -441,8 +450,8 @@ def main() -> None:
     parser.add_argument("--skip-overload", action="store_true", help="no open-loop overload runs")
     parser.add_argument("--ingress", choices=INGRESS_MODES, nargs="*", default=list(INGRESS_MODES),
                         help="ingress modes to measure, each in its own Ray (default: both)")
-    parser.add_argument("--session", choices=INGRESS_MODES, help=argparse_suppress())
-    parser.add_argument("--session-out", type=Path, help=argparse_suppress())
+    parser.add_argument("--session", choices=INGRESS_MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--session-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.session:
         run_session(args.session, args, args.session_out)
@@ -452,13 +461,12 @@ def main() -> None:
     log.info("measuring the in-process compute bound")
     bound = compute_bound(texts, seconds=1.0 if args.quick else 5.0)
     points: list[dict] = []
-    passed = [a for a in sys.argv[1:] if not a.startswith("--ingress")]
     for ingress in args.ingress:
         with tempfile.TemporaryDirectory() as folder:
             out = Path(folder) / "points.json"
             log.info("session %s: a Ray of its own (%s)", ingress, INGRESS_MODES[ingress])
-            subprocess.run([sys.executable, __file__, *passed, "--ingress", ingress, "--session", ingress,
-                            "--session-out", str(out)], env=session_env(ingress), check=True)
+            subprocess.run([sys.executable, __file__, *session_argv(args, ingress, out)], env=session_env(ingress),
+                           check=True)
             points += json.loads(out.read_text())
 
     def closed(system: str, clients: int, ingress: str) -> dict | None:
@@ -499,12 +507,6 @@ def main() -> None:
     plot(points, path)
     log.info("wrote %s", path)
     emit_json(figures)
-
-
-def argparse_suppress() -> str:
-    import argparse
-
-    return argparse.SUPPRESS
 
 
 def _brief(point: dict) -> str:

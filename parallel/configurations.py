@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
 from parallel.comm_model import CommModel
@@ -64,9 +64,7 @@ class RuntimeOverhead:
 
     def profile_fields(self) -> dict[str, float]:
         """The `ConfigProfile` fields of this overhead."""
-        return {"hop_overhead_s": self.hop_overhead_s, "hop_cpu_s": self.hop_cpu_s,
-                "request_cpu_s": self.request_cpu_s, "request_overhead_s": self.request_overhead_s,
-                "co_run_slowdown": self.co_run_slowdown}
+        return asdict(self)
 
 
 @dataclass
