@@ -88,7 +88,15 @@ VIT_CLASSES = 10
 #: width with a 64k-class head (measured on this VM, 128 px, 1 thread: block ~4.5 ms, head ~12 ms, ~100 MB of head).
 UNEQUAL_ARCH = VIT_ARCH
 UNEQUAL_CLASSES = 64_000
-#: Requests per round and extra rounds of the planned-vs-even comparison (a round of --quick's 12 requests lasts
+#: Timed passes per layer in the profile (--quick, full).
+QUICK_LAYER_REPEATS = 7
+FULL_LAYER_REPEATS = 20
+#: Requests of the throughput burst (--quick, full). A 2-stage pipeline spends one stage time filling and one
+#: draining per burst, so a burst of n runs at most n / (n + 1) of its steady throughput: 0.92 at 12 requests,
+#: 0.96 at 24 (the prediction, `ConfigProfile.burst_s`, holds the same fill).
+QUICK_BURST_REQUESTS = 24
+FULL_BURST_REQUESTS = 40
+#: Requests per round and extra rounds of the planned-vs-even comparison (a round of 12 requests lasts
 #: ~0.2 s, too short for a stable ratio on a shared VM).
 PLANNED_VS_EVEN_REQUESTS = 40
 PLANNED_VS_EVEN_EXTRA_ROUNDS = 2
@@ -346,10 +354,10 @@ def main() -> None:
     parser = make_parser(__doc__)
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per layer in the profile")
     args = parser.parse_args()
-    args.repeats = args.repeats or (5 if args.quick else 20)
+    args.repeats = args.repeats or (QUICK_LAYER_REPEATS if args.quick else FULL_LAYER_REPEATS)
     args.latency_requests = 5 if args.quick else 20
-    args.throughput_requests = 12 if args.quick else 40
-    args.rounds = 3 if args.quick else 5
+    args.throughput_requests = QUICK_BURST_REQUESTS if args.quick else FULL_BURST_REQUESTS
+    args.rounds = 5 if args.quick else 7
     torch.set_num_threads(1)
     scaling_before = two_process_cpu_scaling()
     log.info("2 processes vs 1 on this machine now: %.2fx aggregate matmul throughput", scaling_before)

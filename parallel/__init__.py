@@ -10,6 +10,7 @@ Where things happen, in the order a model goes through them:
 * `plan`           -- `ParallelPlan`: stages and block shardings, the runtime's input
 * `tensor_parallel`, `stage_layers` -- shard modules built from the real weights; one (stage, shard)'s layers
 * `stage_actor`    -- one Ray actor per (stage, shard)
+* `activation_links` -- sockets stage to stage: a request's activations go from actor to actor, not through Ray calls
 * `group_runtime`  -- `ModelParallelGroup`: pipelined requests over the actors, failure -> `GroupFailedError`, rebuild
 * `tiny_models`    -- random-weight stand-ins for tests
 * `python -m parallel profile|configs` -- the CLI

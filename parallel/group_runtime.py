@@ -1,19 +1,20 @@
 """A model-parallel group: a model split over Ray actors by a `ParallelPlan`, with pipelined requests.
 
 `ModelParallelGroup` creates one `StageActor` per (stage, shard), lets each load only its share of the weights,
-and chains the stages through Ray object references: `submit` queues a request on every stage at once, each
-actor runs its calls in submission order, and an activation moves on as soon as its producer has it. So while
-stage 2 runs request i, stage 1 already runs request i+1 (AlpaServe §3: inter-op parallelism pipelines
-consecutive requests). The group can live in a driver or inside a Ray Serve replica, with its actors pinned to
-the replica's placement-group bundles. A dead actor surfaces as `GroupFailedError`; `rebuild()` replaces the
-whole group.
+and wires the stages with direct activation links (`parallel.activation_links`): `submit` writes a request to the
+first stage, each actor runs its requests in arrival order and sends each output straight to the next stage, and
+the last stage's answer comes back to the group's owner. So while stage 2 runs request i, stage 1 already runs
+request i+1 (AlpaServe §3: inter-op parallelism pipelines consecutive requests), with no Ray task per request and
+stage. The group can live in a driver or inside a Ray Serve replica, with its actors pinned to the replica's
+placement-group bundles. A dead actor surfaces as `GroupFailedError` naming it; `rebuild()` replaces the whole group.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
-from dataclasses import dataclass, field
+from concurrent.futures import Future
 from typing import Sequence
 
 import ray
@@ -23,6 +24,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from models.device import CPU_RESOURCE, GPU_RESOURCE
 from models.layers import ActivationState
+from parallel.activation_links import LinkError, PipelineLinks
 from parallel.plan import ParallelPlan
 from parallel.stage_actor import StageActor
 from parallel.stage_layers import ModelSource
@@ -33,30 +35,12 @@ logger = logging.getLogger(__name__)
 DEFAULT_ACTOR_NUM_CPUS = 0.5
 #: Seconds `result` waits for a request before it raises.
 DEFAULT_RESULT_TIMEOUT_S = 300.0
+#: Seconds a broken group waits for each actor's ping when it looks for the one that died.
+DIAGNOSE_TIMEOUT_S = 10.0
 
 
 class GroupFailedError(RuntimeError):
     """An actor of the group died or failed; the group must be rebuilt (`ModelParallelGroup.rebuild`)."""
-
-
-@dataclass
-class PendingRequest:
-    """The object references of one submitted request: the final output and every stage shard's call."""
-
-    output: ray.ObjectRef
-    calls: list[tuple[str, ray.ObjectRef]] = field(default_factory=list)
-
-
-def submit_chain(rows: Sequence[Sequence], state: ActivationState) -> PendingRequest:
-    """Put `state` once and queue `forward` on every actor of every row (stage), each stage taking shard 0's output
-    of the one before: the runtime's call pattern, also what the profiler relays to price a hop."""
-    current = ray.put(state)
-    calls: list[tuple[str, ray.ObjectRef]] = []
-    for s, row in enumerate(rows):
-        refs = [actor.forward.remote(current) for actor in row]
-        calls += [(f"stage {s} shard {rank}", ref) for rank, ref in enumerate(refs)]
-        current = refs[0]
-    return PendingRequest(output=current, calls=calls)
 
 
 class ModelParallelGroup:
@@ -86,6 +70,7 @@ class ModelParallelGroup:
         self.num_gpus_per_actor = num_gpus_per_actor
         self.actors: list[list] = []
         self.weight_bytes: list[list[int]] = []
+        self.links: PipelineLinks | None = None
         self._start()
 
     # ---- life cycle ----
@@ -119,13 +104,17 @@ class ModelParallelGroup:
                     address, port = ray.get(row[0].rendezvous_address.remote())
                 setups.append([actor.setup.remote(address, port) for actor in row])
             self.weight_bytes = [ray.get(row) for row in setups]
-        except (RayActorError, RayTaskError) as error:
+            self.links = PipelineLinks(self.actors, diagnose=self._dead_actor)
+        except (RayActorError, RayTaskError, GetTimeoutError, OSError) as error:
             self.shutdown()
             raise GroupFailedError(f"model-parallel group for {self.source.name!r} failed to start: {error}") from error
         logger.info("group %s: %d stages x %d shards, weight bytes per actor %s", self.source.name, len(self.actors),
                     degree, self.weight_bytes)
 
     def shutdown(self) -> None:
+        if self.links is not None:
+            self.links.close()
+            self.links = None
         for row in self.actors:
             for actor in row:
                 try:
@@ -142,53 +131,49 @@ class ModelParallelGroup:
 
     # ---- requests ----
 
-    def submit(self, state: ActivationState) -> PendingRequest:
-        """Queue one batch on every stage; returns at once (requests pipeline through the stages)."""
-        if not self.actors:
+    def submit(self, state: ActivationState) -> Future:
+        """Queue one batch for the first stage; returns at once (requests pipeline through the stages). The future
+        holds the last stage's output; `result` and `infer_async` turn its failures into `GroupFailedError`."""
+        links = self.links
+        if links is None:
             raise GroupFailedError(f"model-parallel group for {self.source.name!r} is shut down; call rebuild()")
-        return submit_chain(self.actors, state)
+        try:
+            return links.submit(state)
+        except LinkError as error:
+            raise GroupFailedError(str(error)) from error
 
-    def result(self, pending: PendingRequest, timeout_s: float = DEFAULT_RESULT_TIMEOUT_S) -> ActivationState:
+    def result(self, pending: Future, timeout_s: float = DEFAULT_RESULT_TIMEOUT_S) -> ActivationState:
         """Wait for one request; a dead or failing actor raises `GroupFailedError` naming it."""
-        remaining = dict((ref, name) for name, ref in pending.calls)
-        while remaining:
-            ready, _ = ray.wait(list(remaining), num_returns=1, timeout=timeout_s)
-            if not ready:
-                raise GroupFailedError(f"model-parallel group for {self.source.name!r}: no result within {timeout_s} s")
-            ref = ready[0]
-            name = remaining.pop(ref)
-            try:
-                ray.get(ref)
-            except RayActorError as error:
-                raise GroupFailedError(f"{name} of model {self.source.name!r} died; rebuild the group: "
-                                       f"{error}") from error
-            except RayTaskError as error:
-                raise GroupFailedError(f"{name} of model {self.source.name!r} failed: {error}") from error
-            except GetTimeoutError as error:  # pragma: no cover - wait() said ready
-                raise GroupFailedError(str(error)) from error
-        return ray.get(pending.output)
+        try:
+            return pending.result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
+            raise GroupFailedError(f"model-parallel group for {self.source.name!r}: no result "
+                                   f"within {timeout_s} s") from None
+        except LinkError as error:
+            raise GroupFailedError(str(error)) from error
 
     async def infer_async(self, state: ActivationState, timeout_s: float = DEFAULT_RESULT_TIMEOUT_S) -> ActivationState:
-        """`infer` for an asyncio caller: awaits the stages' object references without blocking its event loop,
-        so several batches can be in flight in the stages at once."""
+        """`infer` for an asyncio caller: awaits the answer without blocking its event loop, so several batches can
+        be in flight in the stages at once."""
         pending = self.submit(state)
-        names = {ref: name for name, ref in pending.calls}
-
-        async def checked(ref: ray.ObjectRef) -> None:
-            try:
-                await ref
-            except RayActorError as error:
-                raise GroupFailedError(f"{names[ref]} of model {self.source.name!r} died; rebuild the group: "
-                                       f"{error}") from error
-            except RayTaskError as error:
-                raise GroupFailedError(f"{names[ref]} of model {self.source.name!r} failed: {error}") from error
-
         try:
-            await asyncio.wait_for(asyncio.gather(*(checked(ref) for _, ref in pending.calls)), timeout=timeout_s)
+            return await asyncio.wait_for(asyncio.wrap_future(pending), timeout=timeout_s)
         except asyncio.TimeoutError:
             raise GroupFailedError(f"model-parallel group for {self.source.name!r}: no result "
                                    f"within {timeout_s} s") from None
-        return await pending.output
+        except LinkError as error:
+            raise GroupFailedError(str(error)) from error
+
+    def _dead_actor(self) -> str:
+        """Why the links broke, for the requests that fail: the first actor that no longer answers a ping."""
+        for s, row in enumerate(self.actors):
+            for rank, actor in enumerate(row):
+                try:
+                    ray.get(actor.ping.remote(), timeout=DIAGNOSE_TIMEOUT_S)
+                except (RayActorError, GetTimeoutError) as error:
+                    return (f"stage {s} shard {rank} of model {self.source.name!r} died; rebuild the group: "
+                            f"{type(error).__name__}")
+        return f"a link of model {self.source.name!r}'s model-parallel group broke; rebuild the group"
 
     def infer(self, state: ActivationState) -> ActivationState:
         return self.result(self.submit(state))

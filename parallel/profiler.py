@@ -33,6 +33,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from models.layers import ActivationState, parameter_bytes, run_layers
+from parallel.activation_links import PipelineLinks, StageLinkEndpoint
 from parallel.comm_model import CommModel, HopOverhead, fit_alpha_beta
 from parallel.intra_op import BlockShape
 from parallel.stage_layers import ModelSource, example_input, load_model, standalone_layers
@@ -198,6 +199,23 @@ def _timed(fn: Callable[[], object], warmup: int, repeats: int) -> float:
     return statistics.median(times)
 
 
+def _interleaved_layer_times(layers: Sequence, inputs: Sequence[ActivationState], warmup: int,
+                             repeats: int) -> list[float]:
+    """Median seconds of each layer on its input, timed in `repeats` passes over the whole model (layer after
+    layer, as a forward pass runs) rather than all repeats of one layer before the next: a slow spell of a shared
+    machine then lands on every layer alike instead of on a few, and the DP's stage cuts do not follow the noise."""
+    for _ in range(warmup):
+        for layer, state in zip(layers, inputs):
+            layer(state)
+    times: list[list[float]] = [[] for _ in layers]
+    for _ in range(repeats):
+        for index, (layer, state) in enumerate(zip(layers, inputs)):
+            start = time.perf_counter()
+            layer(state)
+            times[index].append(time.perf_counter() - start)
+    return [statistics.median(samples) for samples in times]
+
+
 def profile_layers(source: ModelSource, batch_sizes: Sequence[int], seq_lens_tokens: Sequence[int] = (),
                    warmup: int = DEFAULT_WARMUP, repeats: int = DEFAULT_REPEATS, num_threads: int = 1,
                    model=None) -> ModelLayerProfile:
@@ -225,22 +243,19 @@ def profile_layers(source: ModelSource, batch_sizes: Sequence[int], seq_lens_tok
         input_bytes: dict[str, int] = {}
         shapes = [(b, None) for b in batch_sizes] if vision else [(b, s) for b in batch_sizes for s in seq_lens_tokens]
         for number, (batch, seq) in enumerate(shapes, start=1):
-            state = example_input(model, batch, seq)
             with torch.inference_mode():
-                hidden_tokens = None
-                key = None
-                for index, layer in enumerate(layers):
-                    current = state
-                    seconds = _timed(lambda: layer(current), warmup, repeats)
-                    state = layer(current)
-                    if index == 0:
-                        hidden_tokens = state.hidden.shape[1] if state.hidden.dim() == 3 else seq
-                        tokens_per_sequence = hidden_tokens if vision else None
-                        key = shape_key(batch, seq if not vision else hidden_tokens)
-                        input_bytes[key] = state_bytes(current)
-                    measurements[index].latency_s[key] = seconds
-                    measurements[index].samples[key] = repeats
-                    measurements[index].output_bytes[key] = state_bytes(state)
+                inputs = [example_input(model, batch, seq)]
+                for layer in layers:
+                    inputs.append(layer(inputs[-1]))
+                hidden_tokens = inputs[1].hidden.shape[1] if inputs[1].hidden.dim() == 3 else seq
+                tokens_per_sequence = hidden_tokens if vision else None
+                key = shape_key(batch, seq if not vision else hidden_tokens)
+                input_bytes[key] = state_bytes(inputs[0])
+                seconds = _interleaved_layer_times(layers, inputs, warmup, repeats)
+            for index, measurement in enumerate(measurements):
+                measurement.latency_s[key] = seconds[index]
+                measurement.samples[key] = repeats
+                measurement.output_bytes[key] = state_bytes(inputs[index + 1])
             logger.info("profiled %s shape %d/%d (batch %d, %s tokens): %.2f ms", source.name, number, len(shapes),
                         batch, hidden_tokens, 1e3 * sum(m.latency_s[key] for m in measurements))
         return ModelLayerProfile(name=source.name, source=source, tokens_per_sequence=tokens_per_sequence,
@@ -293,8 +308,9 @@ def measure_co_run_slowdown(source: ModelSource, batch_size: int, seq_len_tokens
     return slowdown
 
 
-class CommProbe:
-    """A Ray actor body that sends, receives and runs collectives for `profile_comm`."""
+class CommProbe(StageLinkEndpoint):
+    """A Ray actor body that sends, receives, relays over activation links and runs collectives for
+    `profile_comm`."""
 
     def __init__(self, rank: int = 0, degree: int = 1):
         torch.set_num_threads(1)
@@ -387,27 +403,17 @@ def processes_cpu_s(pids: set[int]) -> float:
     return sum(seconds for seconds in map(process_cpu_s, pids) if seconds is not None)
 
 
-def _collect(pending) -> None:
-    """Collect one relayed request as `ModelParallelGroup.result` does: every call, then the output."""
-    import ray
-
-    for _, ref in pending.calls:
-        ray.get(ref)
-    ray.get(pending.output)
-
-
 def profile_hop_overhead(actors: Sequence, payload_bytes: int = DEFAULT_HOP_PAYLOAD_BYTES,
                          requests: int = HOP_REQUESTS, repeats: int = HOP_REPEATS,
                          warmup: int = DEFAULT_WARMUP) -> HopOverhead:
-    """Per-hop overhead of the runtime (AlpaServe §3.3's communication overhead of inter-op parallelism, as a Ray
-    actor call per stage really costs it): relay an ActivationState of `payload_bytes` through chains of 1 and 2
-    `CommProbe` actors with the group runtime's call pattern. Wall per hop and per request: slope and intercept of
-    sequential request latency over the chain length. CPU per hop and per request: slope and intercept of the CPU
-    time all processes of the Ray cluster (driver tree, the actors and their raylet) spend per request while
-    `requests` are in flight. Off Linux (no /proc) the wall times stand in for CPU."""
+    """Per-hop overhead of the runtime (AlpaServe §3.3's communication overhead of inter-op parallelism, as a
+    pipeline stage of this runtime really costs it): relay an ActivationState of `payload_bytes` through chains of 1
+    and 2 `CommProbe` actors over the group runtime's activation links (`parallel.activation_links.PipelineLinks`).
+    Wall per hop and per request: slope and intercept of sequential request latency over the chain length. CPU per
+    hop and per request: slope and intercept of the CPU time all processes of the Ray cluster (driver tree, the
+    actors and their raylet) spend per request while `requests` are in flight. Off Linux (no /proc) the wall times
+    stand in for CPU."""
     import ray
-
-    from parallel.group_runtime import submit_chain
 
     if len(actors) < max(HOP_CHAIN_LENGTHS):
         raise ValueError(f"profile_hop_overhead needs {max(HOP_CHAIN_LENGTHS)} actors, got {len(actors)}")
@@ -416,18 +422,21 @@ def profile_hop_overhead(actors: Sequence, payload_bytes: int = DEFAULT_HOP_PAYL
     pids = (process_tree(os.getpid()) | {pid for pair in actor_pids for pid in pair}) if PROC_ROOT.is_dir() else None
     latency_s, cpu_s = {}, {}
     for length in HOP_CHAIN_LENGTHS:
-        rows = [[actor] for actor in actors[:length]]
-        latency_s[length] = _timed(lambda: _collect(submit_chain(rows, state)), warmup, HOP_SEQUENTIAL_REQUESTS)
-        if pids is None:
-            cpu_s[length] = latency_s[length]
-            continue
-        samples = []
-        for _ in range(repeats):
-            before = processes_cpu_s(pids)
-            for pending in [submit_chain(rows, state) for _ in range(requests)]:
-                _collect(pending)
-            samples.append((processes_cpu_s(pids) - before) / requests)
-        cpu_s[length] = statistics.median(samples)
+        links = PipelineLinks([[actor] for actor in actors[:length]])
+        try:
+            latency_s[length] = _timed(lambda: links.submit(state).result(), warmup, HOP_SEQUENTIAL_REQUESTS)
+            if pids is None:
+                cpu_s[length] = latency_s[length]
+                continue
+            samples = []
+            for _ in range(repeats):
+                before = processes_cpu_s(pids)
+                for pending in [links.submit(state) for _ in range(requests)]:
+                    pending.result()
+                samples.append((processes_cpu_s(pids) - before) / requests)
+            cpu_s[length] = statistics.median(samples)
+        finally:
+            links.close()
     short, long = HOP_CHAIN_LENGTHS
     hop_latency = max(0.0, (latency_s[long] - latency_s[short]) / (long - short))
     hop_cpu = max(0.0, (cpu_s[long] - cpu_s[short]) / (long - short))

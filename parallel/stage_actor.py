@@ -2,10 +2,10 @@
 
 The actor builds the model named by a `ModelSource` without weights, reads from the checkpoint only the tensors of
 its stage's layers (`parallel.stage_layers.load_stage_layers`), keeps of each block only its shard's slices, and
-serves `forward` calls in submission order; `memory_report` gives its resident memory around the load. The
-shards of one stage form a `torch.distributed` process group (gloo on CPU, nccl on GPU) for the collectives
-of the tensor-parallel blocks; every shard of a stage receives the same input and computes the same output, and
-only shard 0 returns it.
+runs `forward` on its requests in arrival order (over the activation links); `memory_report` gives its resident
+memory around the load. The shards of one stage form a `torch.distributed` process group (gloo on CPU, nccl on
+GPU) for the collectives of the tensor-parallel blocks; every shard of a stage receives the same input and computes
+the same output, and only shard 0 sends it on.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import torch
 
 from models.device import GPU_RESOURCE, select_device
 from models.layers import ActivationState, run_layers
+from parallel.activation_links import StageLinkEndpoint
 from parallel.plan import StagePlan
 from parallel.stage_layers import ModelSource, import_loader, load_stage_layers
 from parallel.tensor_parallel import Collectives, NoCollectives, ProcessGroupCollectives
@@ -58,8 +59,9 @@ def peak_resident_bytes() -> int | None:
     return _proc_status_bytes("VmHWM")
 
 
-class StageShard:
-    """The body of a stage actor (a plain class so it can be wrapped by `ray.remote` with any options)."""
+class StageShard(StageLinkEndpoint):
+    """The body of a stage actor (a plain class so it can be wrapped by `ray.remote` with any options). Requests
+    reach `forward` over the group's activation links (`parallel.activation_links`) or as a Ray call."""
 
     def __init__(self, source: ModelSource, stage: StagePlan, stage_index: int, rank: int, degree: int,
                  num_threads: int = 1, device_resource: str = GPU_RESOURCE):
@@ -77,6 +79,9 @@ class StageShard:
         #: (start, end) wall-clock seconds of every forward call, for checking that stages overlap.
         #: (start, end) wall times of the latest forward calls; bounded so a long-running server does not grow.
         self.calls: deque[tuple[float, float]] = deque(maxlen=CALL_LOG_LENGTH)
+
+    def link_label(self) -> str:
+        return f"stage {self.stage_index} shard {self.rank} of {self.source.name!r}"
 
     def rendezvous_address(self) -> tuple[str, int]:
         """This actor's node address and a free port on it, for the stage's process group."""

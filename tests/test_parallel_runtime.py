@@ -6,7 +6,7 @@ import pytest
 import ray
 import torch
 
-from models.layers import run_layers
+from models.layers import ActivationState, run_layers
 from parallel.group_runtime import GroupFailedError, ModelParallelGroup
 from parallel.plan import ParallelPlan
 from parallel.stage_layers import example_input, load_model
@@ -64,6 +64,17 @@ def test_stage_one_runs_the_next_request_while_stage_two_runs_the_previous(group
     # Requests run in order on every stage, and stage 0 started request i+1 before stage 1 finished request i.
     assert all(a[1] <= b[0] for a, b in zip(first, first[1:]))
     assert any(first[i + 1][0] < second[i][1] for i in range(NUM_REQUESTS - 1))
+
+
+def test_a_request_a_stage_fails_on_fails_alone_and_the_group_goes_on(group, tiny):
+    _, _, states, expected = tiny
+    bad = ActivationState(hidden=torch.ones(2, SEQ_LEN_TOKENS))  # float where the embeddings take token ids
+    pending = [group.submit(states[0]), group.submit(bad), group.submit(states[1])]
+    assert _max_diff([group.result(pending[0])], expected[:1]) <= MAX_ABS_DIFF
+    with pytest.raises(GroupFailedError, match=r"stage 0 shard \d of 'tiny-bert' failed"):
+        group.result(pending[1])
+    assert _max_diff([group.result(pending[2])], expected[1:2]) <= MAX_ABS_DIFF
+    assert group.links.broken is None
 
 
 def test_dead_actor_is_a_clear_error_and_the_group_rebuilds(group, tiny):
