@@ -88,9 +88,14 @@ VIT_CLASSES = 10
 #: width with a 64k-class head (measured on this VM, 128 px, 1 thread: block ~4.5 ms, head ~12 ms, ~100 MB of head).
 UNEQUAL_ARCH = VIT_ARCH
 UNEQUAL_CLASSES = 64_000
-#: Timed passes per layer in the profile (--quick, full).
-QUICK_LAYER_REPEATS = 7
-FULL_LAYER_REPEATS = 20
+#: Timed passes per layer in the profile (--quick, full): whole-model passes, so 30 spread MiniLM's profile over about
+#: a second; a profile of a few passes (0.2 s) catches whatever speed the shared VM has in that instant, and every
+#: prediction inherits it.
+QUICK_LAYER_REPEATS = 30
+FULL_LAYER_REPEATS = 60
+#: Timed repeats of each send and collective size in the communication profile (--quick, full).
+QUICK_COMM_REPEATS = 5
+FULL_COMM_REPEATS = 20
 #: Requests of the throughput burst (--quick, full). A 2-stage pipeline spends one stage time filling and one
 #: draining per burst, so a burst of n runs at most n / (n + 1) of its steady throughput: 0.92 at 12 requests,
 #: 0.96 at 24 (the prediction, `ConfigProfile.burst_s`, holds the same fill).
@@ -365,7 +370,7 @@ def main() -> None:
     figures: dict = {}
     try:
         log.info("profiling sends and 2-way collectives between actors")
-        comm = profile_comm((2,), repeats=args.repeats)
+        comm = profile_comm((2,), repeats=QUICK_COMM_REPEATS if args.quick else FULL_COMM_REPEATS)
         with tempfile.TemporaryDirectory() as tmp:
             vit = make_tiny_vit(tmp, arch=VIT_ARCH, image_size_px=VIT_IMAGE_PX, num_classes=VIT_CLASSES,
                                 name=f"{VIT_ARCH}-{VIT_IMAGE_PX}px-random-weights", timm_kwargs={})

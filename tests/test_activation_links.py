@@ -35,6 +35,24 @@ def test_a_frame_carries_an_activation_state_exactly():
     assert torch.equal(received.hidden, state.hidden) and torch.equal(received.attention_mask, state.attention_mask)
 
 
+@pytest.mark.parametrize("tensor", [
+    torch.randn(3, 5).t(),  # not contiguous
+    torch.tensor(2.5),  # 0-dim
+    torch.empty(0, 4),
+    torch.ones(2, 3, dtype=torch.bfloat16),
+    torch.arange(6, dtype=torch.int64).reshape(2, 3),
+    torch.tensor([True, False]),
+], ids=["transposed", "scalar", "empty", "bfloat16", "int64", "bool"])
+def test_frames_carry_tensors_of_any_dtype_and_layout_exactly(tensor):
+    left, right = socket.socketpair()
+    with left, right:
+        send_frame(left, {"t": tensor})
+        received = recv_frame(right)["t"]
+    assert received.dtype == tensor.dtype and received.shape == tensor.shape
+    assert torch.equal(received, tensor)
+    received += 1 if tensor.dtype != torch.bool else False  # a writable tensor of its own
+
+
 def test_a_connection_without_the_group_token_is_dropped():
     listener = listen(LOOPBACK_HOST)
     address = listener.getsockname()[:2]
