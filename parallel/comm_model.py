@@ -5,10 +5,11 @@ tensor-parallel group at several sizes; `fit_alpha_beta` fits the classic latenc
 squares (Hockney's alpha-beta model, the cost model of Alpa's intra-op pass), and `CommModel` answers what the
 inter-op and intra-op passes ask: the cost of receiving a stage's input and of a collective over `degree` shards.
 
-`HopOverhead` is what one pipeline hop costs the runtime beyond moving the bytes (a Ray actor call per stage:
-submission, serialization, scheduling, returning the result), in wall time and in host CPU; the cost model of
-`placement.core.profiles.ConfigProfile` adds it to every stage (AlpaServe §3.3's communication overhead, measured
-as the runtime really pays it) and, on hosts whose devices are CPU shares, bounds throughput by the CPU per request.
+`HopOverhead` is what one pipeline hop costs the runtime beyond moving the bytes (a frame on the stage's activation
+link: serialization, the socket, the stage's loop; see `parallel.activation_links`), in wall time and in host CPU;
+the cost model of `placement.core.profiles.ConfigProfile` adds it to every stage (AlpaServe §3.3's communication
+overhead, measured as the runtime really pays it) and, on hosts whose devices are CPU shares, bounds throughput by
+the CPU per request.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float]) -> Al
 
 class HopOverhead(BaseModel):
     """Per-hop overhead of the model-parallel runtime, measured by relaying an activation-sized payload through
-    chains of 1 and 2 actors with the group runtime's call pattern (`parallel.profiler.profile_hop_overhead`)."""
+    chains of 1 and 2 actors over the group runtime's activation links (`parallel.profiler.profile_hop_overhead`)."""
 
     model_config = ConfigDict(extra="forbid")
 
