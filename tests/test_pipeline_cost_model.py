@@ -121,6 +121,14 @@ def test_co_run_slowdown_scales_compute_cpu_only():
         ConfigProfile.model_validate({**two_stage().model_dump(), "co_run_slowdown": 0.5})
 
 
+def test_intra_op_shards_co_run_even_for_one_request():
+    sharded = ConfigProfile(config=ParallelConfig(intra_op_degree=2), hop_overhead_s=HOP_S, co_run_slowdown=1.5,
+                            stages=[StageProfile(latency_s={1: 0.030}, weight_bytes_per_device=1)])
+    assert sharded.latency(1) == pytest.approx(1.5 * 0.030 + HOP_S)
+    assert sharded.period_s(1) == pytest.approx(1.5 * 0.030 + HOP_S)
+    assert sharded.model_copy(update={"co_run_slowdown": 1.0}).latency(1) == pytest.approx(0.030 + HOP_S)
+
+
 def test_request_overhead_adds_once_to_latency_and_a_burst_fills_the_pipeline():
     profile = two_stage().model_copy(update={"request_overhead_s": 0.004})
     assert profile.latency(1) == pytest.approx(sum(STAGE_S) + 2 * HOP_S + 0.004)

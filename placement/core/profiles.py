@@ -104,8 +104,9 @@ class ConfigProfile(BaseModel):
     co_run_slowdown: float = Field(
         default=1.0, ge=1.0,
         description="Factor by which compute slows while every core of a shared host runs (measured with the model "
-                    "co-running on the other cores); multiplies the compute CPU of the shared-host cap. 1: not "
-                    "measured.")
+                    "co-running on the other cores, where the devices are a host's CPU cores); multiplies the compute "
+                    "CPU of the shared-host cap and the latency of an intra-op stage, whose shards always compute at "
+                    "once. 1: not measured.")
 
     @model_validator(mode="after")
     def _check(self) -> "ConfigProfile":
@@ -114,8 +115,11 @@ class ConfigProfile(BaseModel):
         return self
 
     def stage_latencies(self, batch_size: int = 1) -> list[float]:
-        """Each stage's time for one batch: its profiled latency plus the per-hop overhead of its call."""
-        return [stage.latency(batch_size) + self.hop_overhead_s for stage in self.stages]
+        """Each stage's time for one batch: its profiled latency plus the per-hop overhead of its call. The shards of
+        an intra-op stage compute at the same time, so where that slows compute (`co_run_slowdown`, measured on
+        hosts whose devices are CPU cores) their stage runs that much slower even for one request alone."""
+        slowdown = self.co_run_slowdown if self.config.intra_op_degree > 1 else 1.0
+        return [stage.latency(batch_size) * slowdown + self.hop_overhead_s for stage in self.stages]
 
     def latency(self, batch_size: int = 1) -> float:
         """End-to-end latency of one batch through all stages (AlpaServe §3.3: compute plus communication), plus
