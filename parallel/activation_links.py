@@ -118,6 +118,15 @@ def _no_delay(sock: socket.socket) -> socket.socket:
     return sock
 
 
+def listen_host(loopback: bool) -> str:
+    """Where a link listens: 127.0.0.1 when the whole group and its owner share one node, else this node's address."""
+    if loopback:
+        return LOOPBACK_HOST
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
 def listen(host: str) -> socket.socket:
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind((host, 0))
@@ -188,15 +197,15 @@ class StageLinkEndpoint:
     def link_label(self) -> str:
         return type(self).__name__
 
-    def link_host(self) -> tuple[str, str]:
-        """(node id, node address) of this actor, for the owner's choice of the listen address."""
+    def link_node_id(self) -> str:
+        """The Ray node this actor runs on, for the owner's choice between loopback and node addresses."""
         import ray
 
-        return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
+        return ray.get_runtime_context().get_node_id()
 
-    def open_link(self, host: str) -> Address:
-        """Open this actor's listener on `host`; returns its address."""
-        self._link_listener = listen(host)
+    def open_link(self, loopback: bool) -> Address:
+        """Open this actor's listener, on 127.0.0.1 or on its node's address; returns the listener's address."""
+        self._link_listener = listen(listen_host(loopback))
         return self._link_listener.getsockname()[:2]
 
     def start_link(self, token: bytes, downstream: list[Address]) -> None:
@@ -229,14 +238,11 @@ class PipelineLinks:
         self._breaking = False
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         token = secrets.token_bytes(TOKEN_BYTES)
-        nodes = ray.get([actor.link_host.remote() for row in rows for actor in row], timeout=connect_timeout_s)
-        own_node = ray.get_runtime_context().get_node_id()
-        one_node = all(node == own_node for node, _ in nodes)
-        hosts = iter([LOOPBACK_HOST if one_node else address for _, address in nodes])
-        own_host = LOOPBACK_HOST if one_node else ray.util.get_node_ip_address()
-        listener = listen(own_host)
+        nodes = ray.get([actor.link_node_id.remote() for row in rows for actor in row], timeout=connect_timeout_s)
+        one_node = set(nodes) == {ray.get_runtime_context().get_node_id()}
+        listener = listen(listen_host(one_node))
         try:
-            addresses = [ray.get([actor.open_link.remote(next(hosts)) for actor in row], timeout=connect_timeout_s)
+            addresses = [ray.get([actor.open_link.remote(one_node) for actor in row], timeout=connect_timeout_s)
                          for row in rows]
             for s, row in enumerate(rows):
                 following = addresses[s + 1] if s + 1 < len(rows) else [listener.getsockname()[:2]]
