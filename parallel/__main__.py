@@ -1,6 +1,7 @@
 """Profiling and configuration CLI of the auto-parallelizer.
 
-    # measure layers (and sends/collectives between Ray actors); repeated runs merge into the same file
+    # measure layers (whole, and each block sharded over each --comm-degrees; sends and collectives between Ray
+    # actors); repeated runs merge into the same file
     python -m parallel profile --text package:all-minilm-l6-v2 --name all-minilm-l6-v2 \\
         --batch-sizes 1 2 4 --seq-lens 32 64 --comm-degrees 2 --out profiles/layers.json
     python -m parallel profile --vision timm:vit_tiny_patch16_224 --checkpoint vit.pt --image-size-px 32 \\
@@ -31,6 +32,7 @@ PROFILER_RAY_NUM_CPUS = 4
 
 def _profile(args: argparse.Namespace) -> int:
     from parallel.profiler import LayerProfileSet, device_description, now_utc, profile_comm, profile_layers
+    from parallel.sharded_profile import profile_sharded_blocks
 
     models = {}
     if args.text or args.vision:
@@ -51,6 +53,8 @@ def _profile(args: argparse.Namespace) -> int:
             ray.init(num_cpus=PROFILER_RAY_NUM_CPUS, include_dashboard=False, log_to_driver=False)
         try:
             comm = profile_comm(args.comm_degrees, repeats=args.repeats)
+            for name, profile in models.items():  # each block as an intra-op stage runs it, per degree
+                models[name] = profile_sharded_blocks(profile, args.comm_degrees, repeats=args.repeats)
         finally:
             if started:
                 ray.shutdown()
@@ -98,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq-lens", type=int, nargs="+", default=[32], help="text: sequence lengths in tokens")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--comm-degrees", type=int, nargs="+", default=[2])
-    p.add_argument("--no-comm", action="store_true", help="skip sends/collectives (no Ray)")
+    p.add_argument("--no-comm", action="store_true", help="skip sends, collectives and sharded blocks (no Ray)")
     p.add_argument("--out", required=True)
     c = sub.add_parser("configs", help="both passes for every configuration; writes a ProfileSet")
     c.add_argument("--layers", required=True, help="layer profile file written by `profile`")

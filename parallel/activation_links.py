@@ -213,6 +213,14 @@ class StageLinkEndpoint:
         threading.Thread(target=serve_stage, name=f"activation-link {self.link_label()}", daemon=True,
                          args=(self._link_listener, token, downstream, self.forward, self.link_label())).start()
 
+    def rendezvous_address(self) -> Address:
+        """This actor's node address and a free port on it, where a stage's shards meet to form their process group
+        (`torch.distributed`'s TCP rendezvous)."""
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return listen_host(loopback=False), port
+
 
 # ---- the owner side ----
 

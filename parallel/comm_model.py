@@ -1,9 +1,10 @@
 """Alpha-beta communication model: time = alpha + beta * bytes, fitted to measured transfers and collectives.
 
-The profiler (`parallel.profiler`) measures actor-to-actor sends and the all-reduce / all-gather of a
-tensor-parallel group at several sizes; `fit_alpha_beta` fits the classic latency-bandwidth model by least
-squares (Hockney's alpha-beta model, the cost model of Alpa's intra-op pass), and `CommModel` answers what the
-inter-op and intra-op passes ask: the cost of receiving a stage's input and of a collective over `degree` shards.
+The profiler (`parallel.profiler`) measures sends between pipeline stages (over their activation links) and the
+all-reduce / all-gather of a tensor-parallel group at several sizes; `fit_alpha_beta` fits the classic latency-bandwidth
+model by least squares (Hockney's alpha-beta model, the cost model of Alpa's intra-op pass), and `CommModel` answers
+what the inter-op and intra-op passes ask: the cost of receiving a stage's input and of a collective over `degree`
+shards.
 
 `HopOverhead` is what one pipeline hop costs the runtime beyond moving the bytes (a frame on the stage's activation
 link: serialization, the socket, the stage's loop; see `parallel.activation_links`), in wall time and in host CPU;
@@ -64,6 +65,10 @@ class HopOverhead(BaseModel):
                                      description="Wall seconds per request outside its stage calls (put of the "
                                                  "input, waiting for and collecting every call's result).")
     host_cores: float = Field(gt=0, description="CPU cores of the host the overhead was measured on.")
+    background_cpu_cores: float = Field(
+        default=0.0, ge=0,
+        description="Cores the Ray cluster's own processes (raylet, GCS, agents) and the idle actors keep busy with no "
+                    "request in flight (CPU seconds per second); 0 in files that did not measure it.")
 
     def beyond_send(self, send_s: float) -> tuple[float, float]:
         """(wall, CPU) seconds per stage call that a stage latency pricing its receive at `send_s` leaves out."""
@@ -75,7 +80,8 @@ class CommModel(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    send: AlphaBeta = Field(description="Actor-to-actor send of one activation (includes the actor call).")
+    send: AlphaBeta = Field(description="Handing one activation to the next pipeline stage: one more hop over the "
+                                        "stages' activation links (a frame out of one actor, into the next, relayed).")
     all_reduce: dict[int, AlphaBeta] = Field(default_factory=dict, description="Degree -> all-reduce cost.")
     all_gather: dict[int, AlphaBeta] = Field(default_factory=dict,
                                              description="Degree -> all-gather cost (bytes of the gathered tensor).")

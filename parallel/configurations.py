@@ -48,6 +48,7 @@ class RuntimeOverhead:
     hop_cpu_s: float = 0.0
     request_cpu_s: float = 0.0
     request_overhead_s: float = 0.0
+    background_cpu_cores: float = 0.0
     co_run_slowdown: float = 1.0
 
     @classmethod
@@ -60,7 +61,8 @@ class RuntimeOverhead:
             return cls(co_run_slowdown=slowdown)
         wall, cpu = comm.hop.beyond_send(comm.send_s(comm.hop.payload_bytes))
         return cls(hop_overhead_s=wall, hop_cpu_s=cpu, request_cpu_s=comm.hop.request_cpu_s,
-                   request_overhead_s=comm.hop.request_latency_s, co_run_slowdown=slowdown)
+                   request_overhead_s=comm.hop.request_latency_s, background_cpu_cores=comm.hop.background_cpu_cores,
+                   co_run_slowdown=slowdown)
 
     def profile_fields(self) -> dict[str, float]:
         """The `ConfigProfile` fields of this overhead."""
@@ -114,15 +116,20 @@ class ModelPlanner:
                      else self.profile.layers[layer_index - 1].output_bytes[key])
         return self.comm.send_s(num_bytes)
 
-    def stage_cost(self, start: int, end: int, batch_size: int) -> StageCost:
+    def stage_cost(self, start: int, end: int, degree: int, batch_size: int) -> StageCost:
         key = self._key(batch_size)
+        # A block run sharded was timed with every shard computing at once; `ConfigProfile.stage_latencies` applies
+        # that co-run slowdown to an intra-op stage itself, so the measurement enters in the units of one alone.
+        co_run = self.profile.co_run_slowdown or 1.0
         stage = StageCost()
         for layer in self.profile.layers[start:end]:
             if layer.kind == "block" and layer.block_shape is not None:
+                sharded = layer.sharded_latency_s.get(degree, {}).get(key)
                 stage.blocks.append(BlockCost(prefix=block_prefix(layer.index), shape=layer.block_shape,
                                               latency_s=layer.latency_s[key],
                                               other_weight_bytes=layer.other_weight_bytes,
-                                              batch_size=batch_size, tokens_per_sequence=self.seq_len_tokens))
+                                              batch_size=batch_size, tokens_per_sequence=self.seq_len_tokens,
+                                              sharded_latency_s=None if sharded is None else sharded / co_run))
             else:
                 stage.other_latency_s += layer.latency_s[key]
                 stage.other_weight_bytes += layer.weight_bytes
@@ -132,7 +139,7 @@ class ModelPlanner:
         """The intra-op optimum of layers [start, end) on `degree` devices (cached: configurations share stages)."""
         key = (start, end, degree, batch_size)
         if key not in self._solved:
-            problem = stage_problem(self.stage_cost(start, end, batch_size), degree, self.comm,
+            problem = stage_problem(self.stage_cost(start, end, degree, batch_size), degree, self.comm,
                                     self.memory_budget_bytes)
             self._solved[key] = solve_intra_op(problem)
         return self._solved[key]
@@ -170,7 +177,7 @@ class ModelPlanner:
 
     def predict_stage_s(self, start: int, end: int, degree: int, batch_size: int, choices: dict[str, str]) -> float:
         """A stage's latency at `batch_size` under fixed shardings: receive + replicated layers + sharded blocks."""
-        problem = stage_problem(self.stage_cost(start, end, batch_size), degree, self.comm, math.inf)
+        problem = stage_problem(self.stage_cost(start, end, degree, batch_size), degree, self.comm, math.inf)
         return self.receive_s(start, batch_size) + evaluate(problem, choices).latency_s
 
 

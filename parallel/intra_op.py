@@ -11,14 +11,15 @@ The model of one stage is a list of segments; a segment is a chain of linears be
 whole hidden state (residual add + layer norm), e.g. ``qkv -> attn_out`` and ``fc1 -> fc2`` of a transformer
 block. Costs come from the profile: a block's measured latency is attributed to its linears in proportion to
 their FLOPs (the attention core to the QKV projection, the activation to the first MLP linear), and collectives
-are priced by the fitted alpha-beta model (`parallel.comm_model`).
+are priced by the fitted alpha-beta model (`parallel.comm_model`). Where a block was also run sharded on the stage's
+devices (`parallel.sharded_profile`), its collectives are repriced from that run (`calibrate_collectives`).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import cvxpy as cp
@@ -45,6 +46,9 @@ class LinearNode:
     bias_bytes: int
     output_bytes: int  # the whole tensor the next linear consumes (after the following op)
     allowed: tuple[LinearSharding, ...] = SHARDINGS
+    #: What each collective on this linear's output costs beyond the alpha-beta fit, learnt from running its
+    #: block sharded (`calibrate_collectives`; may be negative); 0 when the block was not run sharded.
+    collective_extra_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -80,13 +84,18 @@ class IntraOpSolution:
 
 # ---- costs of one choice (shared by the ILP and by direct evaluation) ----
 
+def _collective_s(base_s: float, node: LinearNode) -> float:
+    return max(0.0, base_s + node.collective_extra_s)
+
+
 def node_cost_s(node: LinearNode, sharding: LinearSharding, problem: IntraOpProblem) -> float:
     d = problem.degree
     if sharding == "replicated" or d == 1:
         return node.compute_s + node.follow_compute_s
     if sharding == "column":
         return (node.compute_s + node.follow_compute_s) / d
-    return node.compute_s / d + problem.comm.all_reduce_s(node.output_bytes, d) + node.follow_compute_s
+    return node.compute_s / d + _collective_s(problem.comm.all_reduce_s(node.output_bytes, d), node) + \
+        node.follow_compute_s
 
 
 def node_memory_bytes(node: LinearNode, sharding: LinearSharding, degree: int) -> float:
@@ -105,14 +114,14 @@ def edge_cost_s(producer: LinearNode, produced: LinearSharding, consumed: Linear
                 problem: IntraOpProblem) -> float:
     """Resharding between consecutive linears: a sharded activation is all-gathered unless the consumer is row-split."""
     if _output_sharded(produced, problem.degree) and consumed != "row":
-        return problem.comm.all_gather_s(producer.output_bytes, problem.degree)
+        return _collective_s(problem.comm.all_gather_s(producer.output_bytes, problem.degree), producer)
     return 0.0
 
 
 def end_cost_s(node: LinearNode, sharding: LinearSharding, problem: IntraOpProblem) -> float:
     """A segment's output must be whole."""
-    return (problem.comm.all_gather_s(node.output_bytes, problem.degree) if _output_sharded(sharding, problem.degree)
-            else 0.0)
+    return (_collective_s(problem.comm.all_gather_s(node.output_bytes, problem.degree), node)
+            if _output_sharded(sharding, problem.degree) else 0.0)
 
 
 def evaluate(problem: IntraOpProblem, choices: dict[str, LinearSharding]) -> IntraOpSolution:
@@ -209,6 +218,9 @@ class BlockCost:
     other_weight_bytes: int  # layer norms etc., kept whole
     batch_size: int
     tokens_per_sequence: int
+    #: The block's latency Megatron-sharded on the stage's `degree` devices, timed by running it there
+    #: (`parallel.sharded_profile`); None: not measured (its collectives cost the alpha-beta fit alone).
+    sharded_latency_s: float | None = None
 
 
 def _divisible_shardings(out_features: int, in_features: int, degree: int) -> tuple[LinearSharding, ...]:
@@ -220,8 +232,9 @@ def _divisible_shardings(out_features: int, in_features: int, degree: int) -> tu
     return tuple(allowed)
 
 
-def block_segments(block: BlockCost, degree: int) -> list[Segment]:
-    """The two segments of a transformer block, with its measured latency split in proportion to FLOPs."""
+def block_segments(block: BlockCost, degree: int, comm: CommModel | None = None) -> list[Segment]:
+    """The two segments of a transformer block, with its measured latency split in proportion to FLOPs; with its
+    sharded latency measured (and `comm`), its collectives priced as `calibrate_collectives` learns them."""
     sh = block.shape
     tokens = block.batch_size * block.tokens_per_sequence
     inner = sh.num_heads * sh.head_dim
@@ -255,7 +268,32 @@ def block_segments(block: BlockCost, degree: int) -> list[Segment]:
         node("fc2", None, sh.hidden_size, sh.intermediate_size, sh.hidden_size,
              _divisible_shardings(sh.hidden_size, sh.intermediate_size, degree)),
     ))
-    return [attn, mlp]
+    segments = [attn, mlp]
+    if block.sharded_latency_s is not None and comm is not None and degree > 1:
+        segments = calibrate_collectives(segments, block.prefix, block.sharded_latency_s, degree, comm)
+    return segments
+
+
+def calibrate_collectives(segments: list[Segment], prefix: str, sharded_latency_s: float, degree: int,
+                          comm: CommModel) -> list[Segment]:
+    """The block's `segments` with every collective repriced so that its Megatron plan costs what running the block
+    sharded measured. AlpaServe §4.1 profiles each of the K layers with the plan of the intra-op pass and sums them
+    into latency(i, k), where Alpa's profiler runs the compiled stage; the composition of per-operator estimates --
+    1/degree of each linear's compute plus alpha-beta all-reduces timed back to back -- misses what a collective
+    costs between computations: it waits for the slower shard, its peer wakes from a blocking read, and both shards
+    compute at once on shared cores. The difference between the measured and the composed Megatron latency is spread
+    over its collectives (`collective_extra_s` of every linear of the block), so every plan the ILP weighs pays it
+    per collective it has."""
+    megatron = {f"{prefix}{name}": choice for name, choice in BlockShardingPlan.megatron().as_dict().items()}
+    nodes = {node.name: node for segment in segments for node in segment.nodes}
+    if set(megatron) != set(nodes) or any(megatron[name] not in node.allowed for name, node in nodes.items()):
+        return segments  # the Megatron plan does not divide this block; nothing was measured to learn from
+    problem = IntraOpProblem(segments=segments, degree=degree, comm=comm, memory_budget_bytes=float("inf"))
+    composed = evaluate(problem, megatron).latency_s
+    collectives = sum(1 for choice in megatron.values() if choice == "row")
+    extra = (sharded_latency_s - composed) / collectives
+    return [Segment(nodes=tuple(replace(node, collective_extra_s=extra) for node in segment.nodes))
+            for segment in segments]
 
 
 @dataclass
@@ -268,7 +306,7 @@ class StageCost:
 
 
 def stage_problem(stage: StageCost, degree: int, comm: CommModel, memory_budget_bytes: float) -> IntraOpProblem:
-    segments = [segment for block in stage.blocks for segment in block_segments(block, degree)]
+    segments = [segment for block in stage.blocks for segment in block_segments(block, degree, comm)]
     return IntraOpProblem(segments=segments, degree=degree, comm=comm, memory_budget_bytes=memory_budget_bytes,
                           fixed_compute_s=stage.other_latency_s,
                           fixed_memory_bytes=stage.other_weight_bytes + sum(b.other_weight_bytes for b in stage.blocks))

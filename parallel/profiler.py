@@ -6,16 +6,17 @@ this module measures them on the device at hand, one thread as in a stage actor:
 * `profile_layers`: forward latency of every layer of the layer view for each (batch size, sequence length),
   the bytes of every layer's weights and of the activation it hands to the next layer, and the shapes of its
   blocks (for the intra-op pass);
-* `profile_comm`: the time to hand an activation from one Ray actor to the next (an actor call with a tensor
-  argument held by another actor, as between pipeline stages) and of gloo all-reduce / all-gather among
-  `degree` actors, for several sizes, fitted with the alpha-beta model (`parallel.comm_model`); and the runtime's
+* `profile_comm`: the time to hand an activation from one pipeline stage to the next (one more hop over the
+  stages' activation links, `profile_link_sends`) and of gloo all-reduce / all-gather among `degree` actors, for
+  several sizes, fitted with the alpha-beta model (`parallel.comm_model`); and the runtime's
   per-hop overhead (`profile_hop_overhead`): an activation-sized payload relayed through chains of 1 and 2 actors
   with the group runtime's own call pattern, timed sequentially (wall per hop) and pipelined while the CPU time of
   every process of the Ray cluster is counted (host CPU per hop and per request), the cost of AlpaServe §3.3's
   inter-op communication overhead as this runtime pays it.
 
 Results are a `LayerProfileSet` JSON file; `merge` combines repeated runs (latencies are averaged, weighted by
-their sample counts; communication fits are replaced by the newer run's).
+their sample counts; communication fits are replaced by the newer run's). Each block's latency sharded over several
+actors is measured by `parallel.sharded_profile`.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from models.layers import ActivationState, parameter_bytes, run_layers
 from parallel.activation_links import PipelineLinks, StageLinkEndpoint
-from parallel.comm_model import CommModel, HopOverhead, fit_alpha_beta
+from parallel.comm_model import AlphaBeta, CommModel, HopOverhead, fit_alpha_beta
 from parallel.intra_op import BlockShape
 from parallel.stage_layers import ModelSource, example_input, load_model, standalone_layers
 from parallel.tensor_parallel import BlockParts, bert_block_parts, vit_block_parts
@@ -57,6 +58,8 @@ HOP_REPEATS = 3
 HOP_SEQUENTIAL_REQUESTS = 60
 #: Chain lengths of the hop probe: the slope between them is the cost of one more stage call.
 HOP_CHAIN_LENGTHS = (1, 2)
+#: Seconds the hop probe counts the CPU of the idle Ray cluster (its background rate).
+BACKGROUND_SECONDS = 1.0
 PROC_ROOT = Path("/proc")
 #: Seconds each process runs forward passes, and processes run at once, when measuring the co-run slowdown.
 CO_RUN_SECONDS = 2.0
@@ -91,6 +94,10 @@ class LayerMeasurement(BaseModel):
                                            description="Blocks: shapes of the linears (for the intra-op pass).")
     other_weight_bytes: int = Field(default=0, ge=0,
                                     description="Blocks: weight bytes outside the four linears (norms).")
+    sharded_latency_s: dict[int, dict[str, float]] = Field(
+        default_factory=dict,
+        description="Blocks: intra-op degree -> '<batch>x<tokens>' -> forward seconds of the block Megatron-sharded "
+                    "over that many actors, timed by running it there (`parallel.sharded_profile`).")
 
 
 class ModelLayerProfile(BaseModel):
@@ -126,8 +133,11 @@ class ModelLayerProfile(BaseModel):
                 old_n, new_n = samples.get(key, 0), theirs.samples.get(key, 1)
                 latency[key] = (latency.get(key, 0.0) * old_n + seconds * new_n) / (old_n + new_n)
                 samples[key] = old_n + new_n
+            sharded = {degree: {**mine.sharded_latency_s.get(degree, {}), **theirs.sharded_latency_s.get(degree, {})}
+                       for degree in {*mine.sharded_latency_s, *theirs.sharded_latency_s}}
             layers.append(theirs.model_copy(update={"latency_s": latency, "samples": samples,
-                                                    "output_bytes": {**mine.output_bytes, **theirs.output_bytes}}))
+                                                    "output_bytes": {**mine.output_bytes, **theirs.output_bytes},
+                                                    "sharded_latency_s": sharded}))
         return other.model_copy(update={"layers": layers, "input_bytes": {**self.input_bytes, **other.input_bytes},
                                         "co_run_slowdown": other.co_run_slowdown if other.co_run_slowdown is not None
                                         else self.co_run_slowdown})
@@ -199,7 +209,7 @@ def _timed(fn: Callable[[], object], warmup: int, repeats: int) -> float:
     return statistics.median(times)
 
 
-def _interleaved_layer_times(layers: Sequence, inputs: Sequence[ActivationState], warmup: int,
+def interleaved_layer_times(layers: Sequence, inputs: Sequence[ActivationState], warmup: int,
                              repeats: int) -> list[float]:
     """Median seconds of each layer on its input, timed in `repeats` passes over the whole model (layer after
     layer, as a forward pass runs) rather than all repeats of one layer before the next: a slow spell of a shared
@@ -251,7 +261,7 @@ def profile_layers(source: ModelSource, batch_sizes: Sequence[int], seq_lens_tok
                 tokens_per_sequence = hidden_tokens if vision else None
                 key = shape_key(batch, seq if not vision else hidden_tokens)
                 input_bytes[key] = state_bytes(inputs[0])
-                seconds = _interleaved_layer_times(layers, inputs, warmup, repeats)
+                seconds = interleaved_layer_times(layers, inputs, warmup, repeats)
             for index, measurement in enumerate(measurements):
                 measurement.latency_s[key] = seconds[index]
                 measurement.samples[key] = repeats
@@ -309,22 +319,11 @@ def measure_co_run_slowdown(source: ModelSource, batch_size: int, seq_len_tokens
 
 
 class CommProbe(StageLinkEndpoint):
-    """A Ray actor body that sends, receives, relays over activation links and runs collectives for
-    `profile_comm`."""
+    """A Ray actor body that relays activations over activation links and runs collectives for `profile_comm`."""
 
     def __init__(self, rank: int = 0, degree: int = 1):
         torch.set_num_threads(1)
         self.rank, self.degree = rank, degree
-
-    def rendezvous_address(self) -> tuple[str, int]:
-        import socket
-
-        import ray
-
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            port = sock.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
 
     def init_group(self, address: str, port: int) -> None:
         import torch.distributed as dist
@@ -338,12 +337,6 @@ class CommProbe(StageLinkEndpoint):
     def process_ids(self) -> tuple[int, int]:
         """This worker's pid and its parent's (the raylet), whose CPU the hop probe counts."""
         return os.getpid(), os.getppid()
-
-    def produce(self, num_bytes: int) -> torch.Tensor:
-        return torch.ones(max(1, num_bytes // FP32_BYTES))
-
-    def consume(self, tensor: torch.Tensor) -> int:
-        return int(tensor.numel())
 
     def time_collective(self, kind: str, num_bytes: int, warmup: int, repeats: int) -> float:
         import torch.distributed as dist
@@ -403,6 +396,38 @@ def processes_cpu_s(pids: set[int]) -> float:
     return sum(seconds for seconds in map(process_cpu_s, pids) if seconds is not None)
 
 
+def _relay_latency_s(links: PipelineLinks, state: ActivationState, warmup: int, requests: int) -> float:
+    """Median wall seconds of one request relayed through `links`, requests one after another."""
+    return _timed(lambda: links.submit(state).result(), warmup, requests)
+
+
+def _relay_state(payload_bytes: int) -> ActivationState:
+    return ActivationState(hidden=torch.ones(max(1, payload_bytes // FP32_BYTES)))
+
+
+def profile_link_sends(actors: Sequence, sizes_bytes: Sequence[int] = DEFAULT_COMM_SIZES_BYTES,
+                       warmup: int = DEFAULT_WARMUP, requests: int = HOP_SEQUENTIAL_REQUESTS) -> AlphaBeta:
+    """Alpha-beta fit of handing an activation to the next pipeline stage as the runtime does, over an activation link
+    (`parallel.activation_links`): for each size, the slope of the sequential relay latency between chains of 1 and
+    2 `CommProbe` actors is one more hop (a frame out of one actor, into the next, and its relay loop)."""
+    short, long = HOP_CHAIN_LENGTHS
+    if len(actors) < long:
+        raise ValueError(f"profile_link_sends needs {long} actors, got {len(actors)}")
+    chains = {length: PipelineLinks([[actor] for actor in actors[:length]]) for length in HOP_CHAIN_LENGTHS}
+    sizes, hops = [], []
+    try:
+        for num_bytes in sizes_bytes:
+            state = _relay_state(num_bytes)
+            latency = {length: _relay_latency_s(links, state, warmup, requests) for length, links in chains.items()}
+            sizes.append(state_bytes(state))
+            hops.append(max(0.0, (latency[long] - latency[short]) / (long - short)))
+    finally:
+        for links in chains.values():
+            links.close()
+    logger.info("link sends: one more hop %s", dict(zip(sizes, hops)))
+    return fit_alpha_beta(sizes, hops)
+
+
 def profile_hop_overhead(actors: Sequence, payload_bytes: int = DEFAULT_HOP_PAYLOAD_BYTES,
                          requests: int = HOP_REQUESTS, repeats: int = HOP_REPEATS,
                          warmup: int = DEFAULT_WARMUP) -> HopOverhead:
@@ -411,29 +436,33 @@ def profile_hop_overhead(actors: Sequence, payload_bytes: int = DEFAULT_HOP_PAYL
     and 2 `CommProbe` actors over the group runtime's activation links (`parallel.activation_links.PipelineLinks`).
     Wall per hop and per request: slope and intercept of sequential request latency over the chain length. CPU per
     hop and per request: slope and intercept of the CPU time all processes of the Ray cluster (driver tree, the
-    actors and their raylet) spend per request while `requests` are in flight. Off Linux (no /proc) the wall times
-    stand in for CPU."""
+    actors and their raylet) spend per request while `requests` are in flight, less what they spend anyway: their
+    background rate, counted over `BACKGROUND_SECONDS` with nothing in flight (Ray's raylet, GCS and agents poll and
+    report whatever the load, which a fast probe would amortise over thousands of requests per second and a model
+    serving tens would not). Off Linux (no /proc) the wall times stand in for CPU and the background is 0."""
     import ray
 
     if len(actors) < max(HOP_CHAIN_LENGTHS):
         raise ValueError(f"profile_hop_overhead needs {max(HOP_CHAIN_LENGTHS)} actors, got {len(actors)}")
-    state = ActivationState(hidden=torch.ones(max(1, payload_bytes // FP32_BYTES)))
+    state = _relay_state(payload_bytes)
     actor_pids = ray.get([actor.process_ids.remote() for actor in actors])
     pids = (process_tree(os.getpid()) | {pid for pair in actor_pids for pid in pair}) if PROC_ROOT.is_dir() else None
+    background = background_cpu_cores(pids) if pids is not None else 0.0
     latency_s, cpu_s = {}, {}
     for length in HOP_CHAIN_LENGTHS:
         links = PipelineLinks([[actor] for actor in actors[:length]])
         try:
-            latency_s[length] = _timed(lambda: links.submit(state).result(), warmup, HOP_SEQUENTIAL_REQUESTS)
+            latency_s[length] = _relay_latency_s(links, state, warmup, HOP_SEQUENTIAL_REQUESTS)
             if pids is None:
                 cpu_s[length] = latency_s[length]
                 continue
             samples = []
             for _ in range(repeats):
-                before = processes_cpu_s(pids)
+                before, started = processes_cpu_s(pids), time.perf_counter()
                 for pending in [links.submit(state) for _ in range(requests)]:
                     pending.result()
-                samples.append((processes_cpu_s(pids) - before) / requests)
+                spent = processes_cpu_s(pids) - before - background * (time.perf_counter() - started)
+                samples.append(max(0.0, spent) / requests)
             cpu_s[length] = statistics.median(samples)
         finally:
             links.close()
@@ -442,9 +471,17 @@ def profile_hop_overhead(actors: Sequence, payload_bytes: int = DEFAULT_HOP_PAYL
     hop_cpu = max(0.0, (cpu_s[long] - cpu_s[short]) / (long - short))
     hop = HopOverhead(payload_bytes=state_bytes(state), latency_s=hop_latency, cpu_s=hop_cpu,
                       request_cpu_s=max(0.0, cpu_s[short] - short * hop_cpu),
-                      request_latency_s=max(0.0, latency_s[short] - short * hop_latency), host_cores=host_cores())
+                      request_latency_s=max(0.0, latency_s[short] - short * hop_latency), host_cores=host_cores(),
+                      background_cpu_cores=background)
     logger.info("hop overhead: sequential latency %s s, CPU per request %s s -> %s", latency_s, cpu_s, hop)
     return hop
+
+
+def background_cpu_cores(pids: set[int], seconds: float = BACKGROUND_SECONDS) -> float:
+    """Cores the processes `pids` keep busy over `seconds` with no work given to them (CPU seconds per second)."""
+    before, started = processes_cpu_s(pids), time.perf_counter()
+    time.sleep(seconds)
+    return max(0.0, processes_cpu_s(pids) - before) / (time.perf_counter() - started)
 
 
 def host_cores() -> int:
@@ -456,28 +493,18 @@ def profile_comm(degrees: Sequence[int] = (2,), sizes_bytes: Sequence[int] = DEF
                  repeats: int = DEFAULT_COMM_REPEATS, warmup: int = DEFAULT_WARMUP,
                  num_cpus_per_actor: float = COMM_PROBE_NUM_CPUS,
                  hop_payload_bytes: int = DEFAULT_HOP_PAYLOAD_BYTES) -> CommModel:
-    """Fit alpha-beta models of an actor-to-actor send and of gloo collectives over each degree, and measure the
-    per-hop overhead (`profile_hop_overhead`) with an activation of `hop_payload_bytes` (Ray must be up)."""
+    """Fit alpha-beta models of a send between pipeline stages over their activation links (`profile_link_sends`) and
+    of gloo collectives over each degree, and measure the per-hop overhead (`profile_hop_overhead`) with an
+    activation of `hop_payload_bytes` (Ray must be up)."""
     import ray
 
     probe = ray.remote(CommProbe)
     group_degrees = sorted({d for d in degrees if d >= 2})
-    # The first group's actors (or a pair) also do the sends, so each profile starts as few actors as possible.
+    # The first group's actors (or a pair) also relay the sends, so each profile starts as few actors as possible.
     first = group_degrees[0] if group_degrees else 2
     actors = [probe.options(num_cpus=num_cpus_per_actor).remote(rank, first) for rank in range(first)]
-    send_sizes, send_times = [], []
     try:
-        for num_bytes in sizes_bytes:
-            held = actors[0].produce.remote(num_bytes)
-            ray.wait([held], fetch_local=False)
-
-            def call() -> None:
-                ray.get(actors[1].consume.remote(held))
-
-            send_sizes.append(num_bytes)
-            send_times.append(_timed(call, warmup, repeats))
-        logger.info("send times %s", dict(zip(send_sizes, send_times)))
-        model = CommModel(send=fit_alpha_beta(send_sizes, send_times),
+        model = CommModel(send=profile_link_sends(actors[:max(HOP_CHAIN_LENGTHS)], sizes_bytes, warmup),
                           hop=profile_hop_overhead(actors[:max(HOP_CHAIN_LENGTHS)], hop_payload_bytes,
                                                    warmup=warmup))
         for degree in group_degrees:

@@ -14,7 +14,6 @@ import datetime
 import gc
 import logging
 import os
-import socket
 import time
 from collections import deque
 
@@ -82,13 +81,6 @@ class StageShard(StageLinkEndpoint):
 
     def link_label(self) -> str:
         return f"stage {self.stage_index} shard {self.rank} of {self.source.name!r}"
-
-    def rendezvous_address(self) -> tuple[str, int]:
-        """This actor's node address and a free port on it, for the stage's process group."""
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            port = sock.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
 
     def setup(self, master_address: str | None = None, master_port: int | None = None) -> int:
         """Join the stage's process group, load this shard's weights; returns the weight bytes it holds."""

@@ -143,3 +143,52 @@ def test_cheap_collectives_give_megatron_sharding():
     # With free communication every linear splits; the minimum memory among optimal plans is not asked for,
     # but no linear may stay replicated since that doubles its compute.
     assert all(choice != "replicated" for choice in solution.choices.values())
+
+
+def _megatron(stage: StageCost) -> dict[str, str]:
+    from parallel.tensor_parallel import BlockShardingPlan
+
+    return {f"{block.prefix}{name}": choice for block in stage.blocks
+            for name, choice in BlockShardingPlan.megatron().as_dict().items()}
+
+
+def test_a_block_run_sharded_prices_its_megatron_plan_at_what_it_measured():
+    degree = 2
+    fit = AlphaBeta(alpha_s=1e-4, beta_s_per_byte=1e-10)
+    comm = CommModel(send=fit, all_reduce={degree: fit}, all_gather={degree: fit})
+    composed_stage = _minilm_like_stage(2)
+    composed = evaluate(stage_problem(composed_stage, degree, comm, math.inf), _megatron(composed_stage)).latency_s
+    measured_per_block = 3.1e-3  # dearer than half the block plus two back-to-back all-reduces
+    measured_stage = StageCost(blocks=[BlockCost(**{**vars(block), "sharded_latency_s": measured_per_block})
+                                       for block in composed_stage.blocks])
+    problem = stage_problem(measured_stage, degree, comm, math.inf)
+    assert evaluate(problem, _megatron(measured_stage)).latency_s == pytest.approx(2 * measured_per_block)
+    assert 2 * measured_per_block > composed
+    # The replicated plan has no collective, so it keeps the block's own measured latency.
+    replicated = {name: "replicated" for name in _megatron(measured_stage)}
+    assert evaluate(problem, replicated).latency_s == pytest.approx(evaluate(
+        stage_problem(composed_stage, degree, comm, math.inf), replicated).latency_s)
+    # Sharding that measured slower than the block whole on one device is no longer chosen; measured faster, it is.
+    assert set(solve_intra_op(problem).choices.values()) == {"replicated"}
+    cheap_stage = StageCost(blocks=[BlockCost(**{**vars(block), "sharded_latency_s": 1.2e-3})
+                                    for block in composed_stage.blocks])
+    chosen = solve_intra_op(stage_problem(cheap_stage, degree, comm, math.inf))
+    assert chosen.latency_s == pytest.approx(2 * 1.2e-3) and chosen.choices == _megatron(cheap_stage)
+
+
+def test_every_collective_of_a_calibrated_block_pays_the_measured_extra():
+    from parallel.intra_op import block_segments
+
+    degree = 2
+    fit = AlphaBeta(alpha_s=1e-4, beta_s_per_byte=0.0)
+    comm = CommModel(send=fit, all_reduce={degree: fit}, all_gather={degree: fit})
+    block = BlockCost(prefix="layer1.", shape=BlockShape(hidden_size=384, num_heads=12, head_dim=32,
+                                                         intermediate_size=1536),
+                      latency_s=2e-3, other_weight_bytes=0, batch_size=1, tokens_per_sequence=32,
+                      sharded_latency_s=2e-3)
+    extras = [node.collective_extra_s for segment in block_segments(block, degree, comm) for node in segment.nodes]
+    # Megatron composed: half the block (1 ms) plus two all-reduces of 0.1 ms; measured 2 ms: 0.4 ms more each.
+    assert extras == pytest.approx([0.4e-3] * 4)
+    # Not run sharded, or without a communication model: the alpha-beta fit alone.
+    uncalibrated = BlockCost(**{**vars(block), "sharded_latency_s": None})
+    assert {n.collective_extra_s for s in block_segments(uncalibrated, degree, comm) for n in s.nodes} == {0.0}

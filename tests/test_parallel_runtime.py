@@ -142,3 +142,29 @@ def test_comm_profile_fits_sends_and_collectives_between_actors(ray_serve):
     assert comm.hop.host_cores == host_cores()
     assert comm.hop.cpu_s + comm.hop.request_cpu_s > 0  # relaying costs some CPU in some Ray process
     assert comm.hop.latency_s + comm.hop.request_latency_s > 0
+    assert 0 <= comm.hop.background_cpu_cores < comm.hop.host_cores
+
+
+def test_sharded_block_profile_times_every_block_and_prices_the_megatron_stage(ray_serve, tiny):
+    from parallel.comm_model import AlphaBeta, CommModel
+    from parallel.configurations import ModelPlanner, block_prefix
+    from parallel.profiler import profile_layers, shape_key
+    from parallel.sharded_profile import profile_sharded_blocks
+    from parallel.tensor_parallel import BlockShardingPlan
+
+    source, model, _, _ = tiny
+    profile = profile_layers(source, [2], [SEQ_LEN_TOKENS], warmup=1, repeats=2, model=model)
+    sharded = profile_sharded_blocks(profile, degrees=(2,), warmup=1, repeats=2)
+    key = shape_key(2, SEQ_LEN_TOKENS)
+    blocks = [layer for layer in sharded.layers if layer.kind == "block"]
+    assert blocks and all(layer.sharded_latency_s[2][key] > 0 for layer in blocks)
+    assert all(not layer.sharded_latency_s for layer in sharded.layers if layer.kind != "block")
+    assert all(not layer.sharded_latency_s for layer in profile.layers)  # the input profile is left as it was
+    # The planner prices a Megatron-sharded stage at the blocks' measured latency plus the rest of its layers.
+    fit = AlphaBeta(alpha_s=1e-4, beta_s_per_byte=0.0)
+    planner = ModelPlanner(sharded, CommModel(send=fit, all_reduce={2: fit}, all_gather={2: fit}), SEQ_LEN_TOKENS)
+    megatron = {f"{block_prefix(layer.index)}{name}": choice for layer in blocks
+                for name, choice in BlockShardingPlan.megatron().as_dict().items()}
+    rest = sum(layer.latency_s[key] for layer in sharded.layers if layer.kind != "block")
+    expected = planner.receive_s(0, 2) + rest + sum(layer.sharded_latency_s[2][key] for layer in blocks)
+    assert planner.predict_stage_s(0, len(sharded.layers), 2, 2, megatron) == pytest.approx(expected)

@@ -55,6 +55,19 @@ def test_shared_host_caps_throughput_by_cpu_per_request():
     assert profile.period_s(1, 64.0) == pytest.approx(max(STAGE_S) + HOP_S)
 
 
+def test_background_cpu_leaves_fewer_cores_to_requests():
+    busy = two_stage().model_copy(update={"background_cpu_cores": 0.25})
+    cpu = busy.cpu_per_batch_s(1)
+    assert busy.period_s(1, CORES) == pytest.approx(cpu / (CORES - 0.25))
+    assert busy.period_s(1) == pytest.approx(two_stage().period_s(1))  # independent devices: no shared host
+    with pytest.raises(ValueError, match="background CPU"):
+        busy.period_s(1, 0.25)
+    hop = HopOverhead(payload_bytes=1, latency_s=0.0, cpu_s=0.0, request_cpu_s=0.0, host_cores=CORES,
+                      background_cpu_cores=0.25)
+    send = AlphaBeta(alpha_s=0.0, beta_s_per_byte=0.0)
+    assert RuntimeOverhead.from_comm(CommModel(send=send, hop=hop)).background_cpu_cores == 0.25
+
+
 def test_intra_op_shards_each_cost_cpu_and_a_call():
     profile = ConfigProfile(config=ParallelConfig(intra_op_degree=2), hop_cpu_s=HOP_CPU_S,
                             stages=[StageProfile(latency_s={1: 0.030}, weight_bytes_per_device=1)])
@@ -77,7 +90,8 @@ def test_profiles_without_overhead_fields_load_as_zero_overhead(tmp_path):
     data = json.loads(ProfileSet(source="measured", device="cpu", models={
         "m": {"name": "m", "configs": [profile.model_dump(mode="json")]}}).model_dump_json())
     for config in data["models"]["m"]["configs"]:
-        for key in ("hop_overhead_s", "hop_cpu_s", "request_cpu_s", "request_overhead_s", "co_run_slowdown"):
+        for key in ("hop_overhead_s", "hop_cpu_s", "request_cpu_s", "request_overhead_s", "co_run_slowdown",
+                    "background_cpu_cores"):
             del config[key]
     del data["host_cores"]
     path = tmp_path / "old.json"

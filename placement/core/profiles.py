@@ -101,6 +101,11 @@ class ConfigProfile(BaseModel):
         default=0.0, ge=0,
         description="Wall seconds one request spends outside its stage calls (putting its input, waiting for and "
                     "collecting the results), added once to the latency. 0: not measured.")
+    background_cpu_cores: float = Field(
+        default=0.0, ge=0,
+        description="Cores of a shared host that the serving system keeps busy on its own, whatever the load (Ray's "
+                    "raylet, GCS and agents; CPU seconds per second, measured by the profiler), not left to requests "
+                    "in the shared-host cap. 0: not measured.")
     co_run_slowdown: float = Field(
         default=1.0, ge=1.0,
         description="Factor by which compute slows while every core of a shared host runs (measured with the model "
@@ -145,9 +150,11 @@ class ConfigProfile(BaseModel):
         period = self.max_stage_latency(batch_size)
         if host_cores is None:
             return period
-        if host_cores <= 0:
-            raise ValueError(f"host_cores must be > 0, got {host_cores}")
-        return max(period, self.cpu_per_batch_s(batch_size) / host_cores)
+        available = host_cores - self.background_cpu_cores
+        if available <= 0:
+            raise ValueError(f"host_cores ({host_cores}) must exceed the background CPU ({self.background_cpu_cores} "
+                             "cores)")
+        return max(period, self.cpu_per_batch_s(batch_size) / available)
 
     def burst_s(self, num_batches: int, batch_size: int = 1, host_cores: float | None = None) -> float:
         """Seconds to serve `num_batches` batches submitted at once: the first after the latency, each next one a
