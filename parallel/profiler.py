@@ -61,9 +61,11 @@ HOP_CHAIN_LENGTHS = (1, 2)
 #: Seconds the hop probe counts the CPU of the idle Ray cluster (its background rate).
 BACKGROUND_SECONDS = 1.0
 PROC_ROOT = Path("/proc")
-#: Seconds each process runs forward passes, and processes run at once, when measuring the co-run slowdown.
-CO_RUN_SECONDS = 2.0
+#: The co-run probe: processes that run at once, seconds per phase, and phases (alone, together, alone, ...: a drift of
+#: the shared machine's speed then hits both kinds of phase alike).
 CO_RUN_PROCESSES = 2
+CO_RUN_PHASE_SECONDS = 0.5
+CO_RUN_PHASES = 6
 
 
 def shape_key(batch_size: int, seq_len_tokens: int) -> str:
@@ -274,47 +276,60 @@ def profile_layers(source: ModelSource, batch_sizes: Sequence[int], seq_lens_tok
         torch.set_num_threads(previous_threads)
 
 
-def _co_run_worker(source_json: str, batch_size: int, seq_len_tokens: int | None, seconds: float, barrier,
-                   results) -> None:
-    """One co-runner: load the model, wait for the others, run whole forward passes for `seconds` (1 thread)."""
+def _co_run_worker(source_json: str, batch_size: int, seq_len_tokens: int | None, rank: int, phase_seconds: float,
+                   phases: int, barrier, results) -> None:
+    """One co-runner: load the model, then in each phase wait for the others and run whole forward passes for
+    `phase_seconds` (1 thread); in the even ('alone') phases only rank 0 runs and the others wait."""
     torch.set_num_threads(1)
     model = load_model(ModelSource.model_validate_json(source_json))
     state = example_input(model, batch_size, seq_len_tokens)
     layers = model.layers()
     with torch.inference_mode():
         run_layers(layers, state)  # warm-up
-        barrier.wait()
-        passes, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            run_layers(layers, state)
-            passes += 1
-    results.put((time.perf_counter() - start) / passes)
+        for phase in range(phases):
+            barrier.wait()
+            if phase % 2 == 0 and rank != 0:
+                continue
+            passes, start = 0, time.perf_counter()
+            while time.perf_counter() - start < phase_seconds:
+                run_layers(layers, state)
+                passes += 1
+            results.put((phase, (time.perf_counter() - start) / passes))
 
 
 def measure_co_run_slowdown(source: ModelSource, batch_size: int, seq_len_tokens: int | None = None,
-                            seconds: float = CO_RUN_SECONDS, processes: int = CO_RUN_PROCESSES) -> float:
+                            phase_seconds: float = CO_RUN_PHASE_SECONDS, phases: int = CO_RUN_PHASES,
+                            processes: int = CO_RUN_PROCESSES) -> float:
     """Seconds per forward pass with `processes` processes running the model at once over the same with one alone
     (>= 1): what compute costs when every core of a shared host is busy (memory bandwidth and caches are shared,
-    which a per-layer profile, timed alone, does not see). The cost model multiplies a request's compute CPU by it
-    where the devices are CPU shares of one host (`placement.core.profiles.ConfigProfile.cpu_per_batch_s`)."""
+    which a per-layer profile, timed alone, does not see). The same processes alternate phases alone and together
+    and the median of the paired ratios is kept. The cost model multiplies a request's compute CPU by it where the
+    devices are CPU shares of one host (`placement.core.profiles.ConfigProfile.cpu_per_batch_s`)."""
     import multiprocessing
 
     if processes < 2:
         raise ValueError(f"processes must be >= 2 to measure co-running, got {processes}")
+    if phases < 2 or phases % 2:
+        raise ValueError(f"phases must be an even number >= 2 (alone, together, ...), got {phases}")
     context = multiprocessing.get_context("spawn")
-    per_pass = {}
-    for count in (1, processes):
-        barrier, results = context.Barrier(count), context.Queue()
-        workers = [context.Process(target=_co_run_worker, args=(source.model_dump_json(), batch_size, seq_len_tokens,
-                                                                 seconds, barrier, results)) for _ in range(count)]
-        for worker in workers:
-            worker.start()
-        per_pass[count] = statistics.mean(results.get() for _ in workers)
-        for worker in workers:
-            worker.join()
-    slowdown = max(1.0, per_pass[processes] / per_pass[1])
-    logger.info("%s: %.2f ms per pass alone, %.2f ms with %d co-running: slowdown %.2f", source.name,
-                1e3 * per_pass[1], 1e3 * per_pass[processes], processes, slowdown)
+    barrier, results = context.Barrier(processes), context.Queue()
+    workers = [context.Process(target=_co_run_worker, args=(source.model_dump_json(), batch_size, seq_len_tokens, rank,
+                                                             phase_seconds, phases, barrier, results))
+               for rank in range(processes)]
+    for worker in workers:
+        worker.start()
+    per_pass: dict[int, list[float]] = {}
+    for _ in range(phases // 2 * (1 + processes)):
+        phase, seconds = results.get()
+        per_pass.setdefault(phase, []).append(seconds)
+    for worker in workers:
+        worker.join()
+    ratios = [statistics.mean(per_pass[phase + 1]) / per_pass[phase][0] for phase in range(0, phases, 2)]
+    slowdown = max(1.0, statistics.median(ratios))
+    logger.info("%s: %.2f ms per pass alone, %.2f ms with %d co-running (median phases): slowdown %.2f", source.name,
+                1e3 * statistics.median(per_pass[p][0] for p in range(0, phases, 2)),
+                1e3 * statistics.median(statistics.mean(per_pass[p]) for p in range(1, phases, 2)), processes,
+                slowdown)
     return slowdown
 
 

@@ -164,3 +164,14 @@ def test_cli_profiles_merge_and_configs_write_a_profile_set(tmp_path, capsys):
     profiles = ProfileSet.load(out)
     assert [c.config.key() for c in profiles.models["tiny-bert"].configs] == ["op1-pp1", "op1-pp2", "op2-pp1"]
     assert "op1-pp2" in capsys.readouterr().out
+
+
+def test_co_run_probe_alternates_alone_and_together_phases(tmp_path):
+    from parallel.profiler import measure_co_run_slowdown
+
+    source = make_tiny_vit(tmp_path / "vit")
+    assert measure_co_run_slowdown(source, 1, phase_seconds=0.05, phases=4) >= 1.0
+    with pytest.raises(ValueError, match="phases"):
+        measure_co_run_slowdown(source, 1, phases=3)
+    with pytest.raises(ValueError, match="processes"):
+        measure_co_run_slowdown(source, 1, processes=1)
