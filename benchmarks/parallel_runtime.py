@@ -121,12 +121,19 @@ CONFIGS = {
 }
 
 
-def cost_model(config: ParallelConfig, stage_latency_s: list[float], comm,
-               profile: ModelLayerProfile) -> ConfigProfile:
-    """The configuration as the planner sees it: its stage latencies at BATCH_SIZE and the measured overhead."""
-    overhead = RuntimeOverhead.from_comm(comm, profile.co_run_slowdown)
-    return ConfigProfile(config=config, stages=[StageProfile(latency_s={BATCH_SIZE: s}, weight_bytes_per_device=0)
-                                                for s in stage_latency_s], **overhead.profile_fields())
+def cost_model(planner: ModelPlanner, config: ParallelConfig, plan: ParallelPlan, comm) -> ConfigProfile:
+    """The configuration as the planner sees it, for a fixed `plan`: each stage's latency at BATCH_SIZE (and, sharded,
+    what each shard computes) from `planner`'s profile, and the measured overhead."""
+    stages = []
+    for st in plan.stages:
+        choices = plan_choices(plan, st, planner.profile)
+        latency = planner.predict_stage_s(st.start_layer, st.end_layer, plan.intra_op_degree, BATCH_SIZE, choices)
+        compute = (planner.predict_stage_compute_s(st.start_layer, st.end_layer, plan.intra_op_degree, BATCH_SIZE,
+                                                   choices) if plan.intra_op_degree > 1 else None)
+        stages.append(StageProfile(latency_s={BATCH_SIZE: latency}, weight_bytes_per_device=0,
+                                   cpu_s=None if compute is None else {BATCH_SIZE: compute}))
+    overhead = RuntimeOverhead.from_comm(comm, planner.profile.co_run_slowdown)
+    return ConfigProfile(config=config, stages=stages, **overhead.profile_fields())
 
 
 def megatron_plan(planner: ModelPlanner) -> ParallelPlan:
@@ -224,12 +231,6 @@ def plan_choices(plan: ParallelPlan, stage: StagePlan, profile: ModelLayerProfil
             for name, choice in shardings.get(m.index, BlockShardingPlan.replicated()).as_dict().items()}
 
 
-def predicted_stage_latencies(planner: ModelPlanner, plan: ParallelPlan) -> list[float]:
-    """The cost model's latency of each stage of a fixed `plan`, from `planner`'s profile."""
-    return [planner.predict_stage_s(st.start_layer, st.end_layer, plan.intra_op_degree, BATCH_SIZE,
-                                    plan_choices(plan, st, planner.profile)) for st in plan.stages]
-
-
 def bench_model(source: ModelSource, comm, args, figures: dict) -> None:
     """Plan the three configurations, start all three groups, and measure them side by side; predict them from the
     mean of the profiles taken before and after."""
@@ -259,8 +260,7 @@ def bench_model(source: ModelSource, comm, args, figures: dict) -> None:
     predictor = ModelPlanner(profile, comm, seq)
     # The groups' devices are CPU shares of this host: throughput is capped by its cores / CPU per request.
     host_cores = shared_host_cores(CPU_RESOURCE, comm.hop.host_cores if comm.hop is not None else None)
-    predictions = {label: cost_model(CONFIGS[label], predicted_stage_latencies(predictor, plan), comm, profile)
-                   for label, plan in plans.items()}
+    predictions = {label: cost_model(predictor, CONFIGS[label], plan, comm) for label, plan in plans.items()}
     results = {}
     for label, measured in rounds.items():
         latency = statistics.median(r["latency_s"] for r in measured)

@@ -113,6 +113,12 @@ class CommModel(BaseModel):
         """All-gather whose *gathered* (whole) tensor has `num_bytes`."""
         return self._collective(self.all_gather, degree, num_bytes, "all-gather")
 
+    def without_collectives(self, degree: int) -> "CommModel":
+        """This model with free collectives over `degree` shards (what a shard computes, without its waits)."""
+        free = AlphaBeta(alpha_s=0.0, beta_s_per_byte=0.0)
+        return self.model_copy(update={"all_reduce": {**self.all_reduce, degree: free},
+                                       "all_gather": {**self.all_gather, degree: free}})
+
     def merge(self, other: "CommModel") -> "CommModel":
         """`other`'s fits override this one's, degree by degree."""
         return CommModel(send=other.send, all_reduce={**self.all_reduce, **other.all_reduce},

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Sequence
 
 from parallel.comm_model import CommModel
@@ -78,10 +78,13 @@ class PlannedConfig:
     stage_latency_s: dict[int, list[float]]  # batch size -> latency of each stage
     stage_weight_bytes: list[int]  # per device of each stage
     overhead: RuntimeOverhead = field(default_factory=RuntimeOverhead)
+    stage_cpu_s: dict[int, list[float]] | None = None  # intra-op: batch size -> compute of each stage's shards
 
     def to_profile(self) -> ConfigProfile:
         stages = [StageProfile(latency_s={b: lat[s] for b, lat in self.stage_latency_s.items()},
-                               weight_bytes_per_device=self.stage_weight_bytes[s])
+                               weight_bytes_per_device=self.stage_weight_bytes[s],
+                               cpu_s=None if self.stage_cpu_s is None else {b: cpu[s]
+                                                                            for b, cpu in self.stage_cpu_s.items()})
                   for s in range(len(self.plan.stages))]
         return ConfigProfile(config=self.config, stages=stages, plan=self.plan.model_dump(mode="json"),
                              **self.overhead.profile_fields())
@@ -170,15 +173,30 @@ class ModelPlanner:
             stages.append(StagePlan(start_layer=i, end_layer=k, block_shardings=shardings))
             weight_bytes.append(int(math.ceil(solution.memory_bytes)))
         plan = ParallelPlan(intra_op_degree=config.intra_op_degree, stages=stages)
-        latencies = {b: [self.predict_stage_s(i, k, config.intra_op_degree, b, solutions[(i, k)].choices)
-                         for i, k in partition.bounds] for b in self.batch_sizes}
+        degree = config.intra_op_degree
+        latencies = {b: [self.predict_stage_s(i, k, degree, b, solutions[(i, k)].choices) for i, k in partition.bounds]
+                     for b in self.batch_sizes}
+        compute = None if degree == 1 else {
+            b: [self.predict_stage_compute_s(i, k, degree, b, solutions[(i, k)].choices) for i, k in partition.bounds]
+            for b in self.batch_sizes}
         return PlannedConfig(config=config, plan=plan, stage_latency_s=latencies, stage_weight_bytes=weight_bytes,
-                             overhead=RuntimeOverhead.from_comm(self.comm, self.profile.co_run_slowdown))
+                             overhead=RuntimeOverhead.from_comm(self.comm, self.profile.co_run_slowdown),
+                             stage_cpu_s=compute)
 
     def predict_stage_s(self, start: int, end: int, degree: int, batch_size: int, choices: dict[str, str]) -> float:
         """A stage's latency at `batch_size` under fixed shardings: receive + replicated layers + sharded blocks."""
         problem = stage_problem(self.stage_cost(start, end, degree, batch_size), degree, self.comm, math.inf)
         return self.receive_s(start, batch_size) + evaluate(problem, choices).latency_s
+
+    def predict_stage_compute_s(self, start: int, end: int, degree: int, batch_size: int,
+                                choices: dict[str, str]) -> float:
+        """What each shard of the stage computes at `batch_size` under fixed shardings, in the units of the layer
+        profile: its latency without the collectives, in which a shard waits rather than computes (the cost model's
+        shared-host CPU cap, `ConfigProfile.cpu_per_batch_s`)."""
+        stage = self.stage_cost(start, end, degree, batch_size)
+        stage.blocks = [replace(block, sharded_latency_s=None) for block in stage.blocks]
+        return evaluate(stage_problem(stage, degree, self.comm.without_collectives(degree), math.inf),
+                        choices).latency_s
 
 
 def model_configurations(profile: ModelLayerProfile, comm: CommModel, group_sizes: Sequence[int],

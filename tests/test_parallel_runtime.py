@@ -168,3 +168,6 @@ def test_sharded_block_profile_times_every_block_and_prices_the_megatron_stage(r
     rest = sum(layer.latency_s[key] for layer in sharded.layers if layer.kind != "block")
     expected = planner.receive_s(0, 2) + rest + sum(layer.sharded_latency_s[2][key] for layer in blocks)
     assert planner.predict_stage_s(0, len(sharded.layers), 2, 2, megatron) == pytest.approx(expected)
+    # What each shard computes leaves the collectives out: half of every block's whole latency, plus the rest.
+    compute = rest + sum(layer.latency_s[key] for layer in blocks) / 2
+    assert planner.predict_stage_compute_s(0, len(sharded.layers), 2, 2, megatron) == pytest.approx(compute)

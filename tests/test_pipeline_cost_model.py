@@ -55,6 +55,18 @@ def test_shared_host_caps_throughput_by_cpu_per_request():
     assert profile.period_s(1, 64.0) == pytest.approx(max(STAGE_S) + HOP_S)
 
 
+def test_intra_op_cap_counts_what_shards_compute_not_their_waits():
+    sharded = ConfigProfile(config=ParallelConfig(intra_op_degree=2),
+                            stages=[StageProfile(latency_s={1: 0.030, 2: 0.050}, cpu_s={1: 0.020, 2: 0.036},
+                                                 weight_bytes_per_device=1)])
+    assert sharded.cpu_per_batch_s(1) == pytest.approx(2 * 0.020)
+    assert sharded.cpu_per_batch_s(3) == pytest.approx(2 * 0.052)  # extrapolated as the latency is
+    assert sharded.latency(1) == pytest.approx(0.030)
+    assert sharded.period_s(1, CORES) == pytest.approx(0.030)  # 40 ms of CPU on 2 cores: the stage binds
+    whole = sharded.model_copy(update={"stages": [StageProfile(latency_s={1: 0.030}, weight_bytes_per_device=1)]})
+    assert whole.cpu_per_batch_s(1) == pytest.approx(2 * 0.030)  # no compute figure: the latency
+
+
 def test_background_cpu_leaves_fewer_cores_to_requests():
     busy = two_stage().model_copy(update={"background_cpu_cores": 0.25})
     cpu = busy.cpu_per_batch_s(1)

@@ -62,11 +62,22 @@ class StageProfile(BaseModel):
     latency_s: LatencyTable = Field(description="Batch size -> seconds the stage takes for one batch.")
     weight_bytes_per_device: int = Field(ge=0,
                                          description="Weight memory of this stage on each of its devices, in bytes.")
+    cpu_s: LatencyTable | None = Field(
+        default=None,
+        description="Batch size -> seconds each of the stage's devices computes for one batch, where that is less "
+                    "than the latency: the shards of an intra-op stage wait in their collectives without computing. "
+                    "None: the latency.")
 
     def latency(self, batch_size: int) -> float:
         """Latency of one batch; between profiled sizes linear interpolation, beyond the largest linear
         extrapolation."""
         return table_latency_s(self.latency_s, batch_size, beyond="last_slope")
+
+    def compute(self, batch_size: int) -> float:
+        """Seconds each device of the stage computes for one batch (interpolated as the latency is)."""
+        if self.cpu_s is None:
+            return self.latency(batch_size)
+        return table_latency_s(self.cpu_s, batch_size, beyond="last_slope")
 
 
 class ConfigProfile(BaseModel):
@@ -137,9 +148,9 @@ class ConfigProfile(BaseModel):
 
     def cpu_per_batch_s(self, batch_size: int = 1) -> float:
         """Host CPU seconds one batch costs when the devices are CPU cores, all of them busy: every shard of every
-        stage computes for its stage's latency slowed by co-running, plus the overhead CPU of each shard's call and
-        of the request itself."""
-        compute = self.config.intra_op_degree * sum(stage.latency(batch_size) for stage in self.stages)
+        stage computes for its stage's compute time (its latency less the waits in collectives) slowed by
+        co-running, plus the overhead CPU of each shard's call and of the request itself."""
+        compute = self.config.intra_op_degree * sum(stage.compute(batch_size) for stage in self.stages)
         compute *= self.co_run_slowdown  # at saturation every core of the host computes at once
         return compute + self.config.num_devices * self.hop_cpu_s + self.request_cpu_s  # one call per shard
 
