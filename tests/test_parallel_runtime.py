@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import ray
 import torch
@@ -17,6 +19,9 @@ pytestmark = pytest.mark.ray
 MAX_ABS_DIFF = 1e-5
 NUM_REQUESTS = 4
 SEQ_LEN_TOKENS = 12
+#: Seconds to wait for a killed actor to be gone, and between pings meanwhile.
+KILL_TIMEOUT_S = 30.0
+KILL_POLL_S = 0.05
 
 
 @pytest.fixture(scope="module")
@@ -77,9 +82,24 @@ def test_a_request_a_stage_fails_on_fails_alone_and_the_group_goes_on(group, tin
     assert group.links.broken is None
 
 
+def _wait_until_dead(actor, timeout_s: float = KILL_TIMEOUT_S) -> None:
+    """`ray.kill` returns before the actor is gone; a request over the links could still pass through it."""
+    from ray.exceptions import RayActorError
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.ping.remote(), timeout=timeout_s)
+        except RayActorError:
+            return
+        time.sleep(KILL_POLL_S)
+    raise AssertionError(f"actor still answers {timeout_s} s after ray.kill")
+
+
 def test_dead_actor_is_a_clear_error_and_the_group_rebuilds(group, tiny):
     _, _, states, expected = tiny
     ray.kill(group.actors[1][0])
+    _wait_until_dead(group.actors[1][0])
     with pytest.raises(GroupFailedError, match=r"stage 1 shard 0 .*died"):
         group.infer(states[0])
     group.rebuild()
