@@ -61,7 +61,7 @@ import torch  # noqa: E402
 from benchmarks._common import emit_json, make_parser, out_dir, setup_logging  # noqa: E402
 from models.device import CPU_RESOURCE  # noqa: E402
 from models.layers import run_layers  # noqa: E402
-from parallel.configurations import ModelPlanner, RuntimeOverhead, block_prefix  # noqa: E402
+from parallel.configurations import ModelPlanner  # noqa: E402
 from parallel.group_runtime import ModelParallelGroup  # noqa: E402
 from parallel.plan import ParallelPlan, StagePlan  # noqa: E402
 from parallel.profiler import (  # noqa: E402
@@ -77,7 +77,7 @@ from parallel.sharded_profile import profile_sharded_blocks  # noqa: E402
 from parallel.stage_layers import ModelSource, example_input, load_model  # noqa: E402
 from parallel.tensor_parallel import BlockShardingPlan  # noqa: E402
 from parallel.tiny_models import make_tiny_vit, make_unequal_vit  # noqa: E402
-from placement.core.profiles import ConfigProfile, ParallelConfig, StageProfile, shared_host_cores  # noqa: E402
+from placement.core.profiles import ParallelConfig, shared_host_cores  # noqa: E402
 
 log = setup_logging("parallel_runtime")
 
@@ -119,21 +119,6 @@ CONFIGS = {
     "2-stage": ParallelConfig(intra_op_degree=1, pipeline_stages=2),
     "2-way-intra-op": ParallelConfig(intra_op_degree=2, pipeline_stages=1),
 }
-
-
-def cost_model(planner: ModelPlanner, config: ParallelConfig, plan: ParallelPlan, comm) -> ConfigProfile:
-    """The configuration as the planner sees it, for a fixed `plan`: each stage's latency at BATCH_SIZE (and, sharded,
-    what each shard computes) from `planner`'s profile, and the measured overhead."""
-    stages = []
-    for st in plan.stages:
-        choices = plan_choices(plan, st, planner.profile)
-        latency = planner.predict_stage_s(st.start_layer, st.end_layer, plan.intra_op_degree, BATCH_SIZE, choices)
-        compute = (planner.predict_stage_compute_s(st.start_layer, st.end_layer, plan.intra_op_degree, BATCH_SIZE,
-                                                   choices) if plan.intra_op_degree > 1 else None)
-        stages.append(StageProfile(latency_s={BATCH_SIZE: latency}, weight_bytes_per_device=0,
-                                   cpu_s=None if compute is None else {BATCH_SIZE: compute}))
-    overhead = RuntimeOverhead.from_comm(comm, planner.profile.co_run_slowdown)
-    return ConfigProfile(config=config, stages=stages, **overhead.profile_fields())
 
 
 def megatron_plan(planner: ModelPlanner) -> ParallelPlan:
@@ -223,14 +208,6 @@ def mean_profile(before: ModelLayerProfile, after: ModelLayerProfile) -> ModelLa
     return merged.model_copy(update={"layers": layers, "co_run_slowdown": statistics.mean(co_run) if co_run else None})
 
 
-def plan_choices(plan: ParallelPlan, stage: StagePlan, profile: ModelLayerProfile) -> dict[str, str]:
-    """The sharding of every linear of `stage`'s blocks under `plan`, as the intra-op pass names them."""
-    shardings = stage.block_plans()
-    return {f"{block_prefix(m.index)}{name}": choice
-            for m in profile.layers[stage.start_layer:stage.end_layer] if m.kind == "block"
-            for name, choice in shardings.get(m.index, BlockShardingPlan.replicated()).as_dict().items()}
-
-
 def bench_model(source: ModelSource, comm, args, figures: dict) -> None:
     """Plan the three configurations, start all three groups, and measure them side by side; predict them from the
     mean of the profiles taken before and after."""
@@ -260,7 +237,7 @@ def bench_model(source: ModelSource, comm, args, figures: dict) -> None:
     predictor = ModelPlanner(profile, comm, seq)
     # The groups' devices are CPU shares of this host: throughput is capped by its cores / CPU per request.
     host_cores = shared_host_cores(CPU_RESOURCE, comm.hop.host_cores if comm.hop is not None else None)
-    predictions = {label: cost_model(predictor, CONFIGS[label], plan, comm) for label, plan in plans.items()}
+    predictions = {label: predictor.price(plan).to_profile() for label, plan in plans.items()}
     results = {}
     for label, measured in rounds.items():
         latency = statistics.median(r["latency_s"] for r in measured)

@@ -22,6 +22,7 @@ from parallel.inter_op import StagePartition, slice_stages
 from parallel.intra_op import BlockCost, IntraOpSolution, StageCost, evaluate, solve_intra_op, stage_problem
 from parallel.plan import ParallelPlan, StagePlan
 from parallel.profiler import LayerProfileSet, ModelLayerProfile, shape_key
+from parallel.tensor_parallel import BlockShardingPlan
 from placement.core.profiles import ConfigProfile, ModelProfile, ParallelConfig, ProfileSet, StageProfile
 
 logger = logging.getLogger(__name__)
@@ -163,30 +164,47 @@ class ModelPlanner:
         partition: StagePartition | None = slice_stages(num_layers, config.pipeline_stages, latency)
         if partition is None:
             return None
-        stages, weight_bytes = [], []
+        stages = []
         for i, k in partition.bounds:
-            solution = solutions[(i, k)]
             shardings = {}
             for layer in self.profile.layers[i:k]:
                 if layer.kind == "block" and config.intra_op_degree > 1:
-                    shardings[layer.index] = solution.block_plan(block_prefix(layer.index)).as_dict()
+                    shardings[layer.index] = solutions[(i, k)].block_plan(block_prefix(layer.index)).as_dict()
             stages.append(StagePlan(start_layer=i, end_layer=k, block_shardings=shardings))
-            weight_bytes.append(int(math.ceil(solution.memory_bytes)))
-        plan = ParallelPlan(intra_op_degree=config.intra_op_degree, stages=stages)
-        degree = config.intra_op_degree
-        latencies = {b: [self.predict_stage_s(i, k, degree, b, solutions[(i, k)].choices) for i, k in partition.bounds]
+        return self.price(ParallelPlan(intra_op_degree=config.intra_op_degree, stages=stages))
+
+    def stage_choices(self, stage: StagePlan) -> dict[str, str]:
+        """The sharding of every linear of `stage`'s blocks, as the intra-op pass names them (replicated where the
+        plan names none)."""
+        shardings = stage.block_plans()
+        return {f"{block_prefix(m.index)}{name}": choice
+                for m in self.profile.layers[stage.start_layer:stage.end_layer] if m.kind == "block"
+                for name, choice in shardings.get(m.index, BlockShardingPlan.replicated()).as_dict().items()}
+
+    def price(self, plan: ParallelPlan) -> PlannedConfig:
+        """A fixed `plan` as the cost model sees it: each stage's latency (and, sharded, what each shard computes) at
+        every profiled batch size, and its weight bytes per device."""
+        degree = plan.intra_op_degree
+        stages = [(st.start_layer, st.end_layer, self.stage_choices(st)) for st in plan.stages]
+        latencies = {b: [self.predict_stage_s(i, k, degree, b, choices) for i, k, choices in stages]
                      for b in self.batch_sizes}
         compute = None if degree == 1 else {
-            b: [self.predict_stage_compute_s(i, k, degree, b, solutions[(i, k)].choices) for i, k in partition.bounds]
+            b: [self.predict_stage_compute_s(i, k, degree, b, choices) for i, k, choices in stages]
             for b in self.batch_sizes}
-        return PlannedConfig(config=config, plan=plan, stage_latency_s=latencies, stage_weight_bytes=weight_bytes,
+        weight_bytes = [int(math.ceil(self._evaluate(i, k, degree, self.batch_sizes[0], choices).memory_bytes))
+                        for i, k, choices in stages]
+        return PlannedConfig(config=ParallelConfig(intra_op_degree=degree, pipeline_stages=len(plan.stages)),
+                             plan=plan, stage_latency_s=latencies, stage_weight_bytes=weight_bytes,
                              overhead=RuntimeOverhead.from_comm(self.comm, self.profile.co_run_slowdown),
                              stage_cpu_s=compute)
 
+    def _evaluate(self, start: int, end: int, degree: int, batch_size: int, choices: dict[str, str]) -> IntraOpSolution:
+        problem = stage_problem(self.stage_cost(start, end, degree, batch_size), degree, self.comm, math.inf)
+        return evaluate(problem, choices)
+
     def predict_stage_s(self, start: int, end: int, degree: int, batch_size: int, choices: dict[str, str]) -> float:
         """A stage's latency at `batch_size` under fixed shardings: receive + replicated layers + sharded blocks."""
-        problem = stage_problem(self.stage_cost(start, end, degree, batch_size), degree, self.comm, math.inf)
-        return self.receive_s(start, batch_size) + evaluate(problem, choices).latency_s
+        return self.receive_s(start, batch_size) + self._evaluate(start, end, degree, batch_size, choices).latency_s
 
     def predict_stage_compute_s(self, start: int, end: int, degree: int, batch_size: int,
                                 choices: dict[str, str]) -> float:
