@@ -2,36 +2,38 @@
 
 On this machine (2 logical devices on 2 shared cores, a stand-in for a GPU cluster), three text models with
 MiniLM's real weights (minilm-a, -b, -c) serve a Gamma trace whose popularity moves from minilm-a to minilm-c at
-half time. Steps, side by side in one run:
+half time. Each request embeds a batch of passages, so that its model compute outweighs Serve's per-request overhead
+(as on a GPU cluster) and a model hosted on one device is bounded by that device. Steps, side by side in one run:
 
 1. **Measure profiles** on the live system: one deployment hosting every model on both devices; lone requests
-   through the ingress and straight to a group replica give each model's service time and the ingress overhead;
-   timed loads of the weights give each model's load time (the controller prices rollouts with it). A closed-loop
-   probe with every device busy sets the capacity, hence the offered load and the SLO. **Calibration**: a trace of
-   its own seed (never scored), replayed on this deployment at the scored traces' rate; the lone-request service
-   times are scaled by the factor at which the simulator reproduces that replay's p90 latency
-   (`placement/alpaserve/service_calibration.py`; the engine batches queued requests, so under real traffic a
-   request costs far less than at the probe's full load). The calibrated times become a `ProfileSet` (source
-   'measured') for the planner, the controller (which refits the factor online from the ingress's records every
-   decision) and the simulator.
-2. **Deploy** the application with the placement the planner picks for the first half and the controller on.
+   through the ingress and straight to a group replica give each model's service time and the ingress overhead; a
+   timed rollout step that loads a model into a running group gives each model's load time, the step's other
+   seconds and how much slower the other group serves meanwhile (the controller prices rollouts with them). A
+   closed-loop probe with every device busy sets the capacity, hence the offered load and the SLO.
+2. **Deploy** the application with the placement the planner picks for the first half and the controller on (its
+   profiles: the lone-request times, which it recalibrates online from the ingress's records every decision).
+   **Calibration**: a trace of its own seed (never scored) replayed on that deployment; the lone-request times are
+   scaled by the factor at which the simulator reproduces the replay's SLO attainment
+   (`placement/alpaserve/service_calibration.py`, the fit the controller repeats online).
 3. **Static run**: the controller paused; the trace replayed through the ingress (Python handle API).
 4. **Controller run**: the placement reset, the controller on (period `--period-s`); the same trace replayed.
-5. **Simulate** both runs on the same requests with the calibrated profiles (and, for comparison, with the
-   profiles scaled to the throughput probe, `attainment_sim_throughput_scaled`): the static run on its placement, the
-   controller run piecewise on the placements in force (switching when each re-placement finished).
+5. **Simulate** both runs on the same requests. The controller run piecewise on the placements in force (switching
+   when each re-placement finished), each span with the controller's service-time factor in force (fitted on the
+   records before it: the simulator as the controller recalibrates it online; `abs_gap`); for comparison with the
+   offline calibration alone (`abs_gap_offline`) and with the profiles scaled to the throughput probe
+   (`attainment_sim_throughput_scaled`). The static run with the offline calibration.
 6. **Re-placement under steady load**: Poisson traffic to minilm-a (alone on its group) and minilm-b while an
    operator re-placement loads minilm-c beside minilm-b; the p99 latency of minilm-a, whose group does not change,
    during the rollout against the same span just before it (issue target: within 20%).
 7. **Load past saturation**: a burst at several times the capacity; accepted, rejected (503) and failed counts.
 
-Steps 2-5 run on NUM_TRACES (3) traces with different seeds in one run. Final JSON line: controller_gain_real_min
+Steps 3-5 run on NUM_TRACES (3) traces with different seeds in one run. Final JSON line: controller_gain_real_min
 and controller_gain_real_mean (controller run minus static run, second half, per trace), abs_gap_max (controller
 run, real vs simulated), transition_cost_predicted and transition_cost_real (attainment lost per request while a
 rollout runs: the decision's prediction vs the live run against the target simulated as deployed), reaction_s (the
 shift at half time to the first re-placement applied after it), failed_accepted, unchanged_p99_ratio (step 6), and
-per trace its figures, decisions and re-placements. The profiles carry the measured weight load time (load_s). A PNG
-timeline (rate per model, attainment per window, re-placements) goes to benchmarks/out/fidelity.png.
+per trace its figures, decisions and re-placements. A PNG timeline (rate per model, attainment per window, real and
+simulated through the rollouts, re-placements) goes to benchmarks/out/fidelity.png.
 
     python benchmarks/fidelity.py --quick
 """
@@ -45,6 +47,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -57,22 +60,36 @@ import numpy as np  # noqa: E402
 
 from benchmarks._common import emit_json, machine_description, make_parser, out_dir, setup_logging  # noqa: E402
 
+if TYPE_CHECKING:
+    from placement.core.transition_costs import TransitionModel
+
 MODELS = ["minilm-a", "minilm-b", "minilm-c"]
 DEVICE_RESOURCE = "plex_device"
 NUM_DEVICES = 2
 #: Logical CPUs declared to Ray (fractional replicas on 2 physical cores).
 RAY_NUM_CPUS = 8
-#: The request every client sends: one short sentence.
-TEXT = "plexserve keeps a running deployment matched to its traffic"
-#: Calibration replay (step 1): seconds of its trace, and the seed offset that keeps it apart from the scored traces.
+#: The request every client sends: a batch of passages to embed (as an indexing client sends them), so that a
+#: request's model compute outweighs Serve's per-request overhead, as on a GPU cluster: one device's thread then
+#: bounds a model hosted on one device, and where models are placed decides what they can serve.
+TEXTS = [f"passage {k}: plexserve keeps a running deployment matched to its traffic; when the popularity of its "
+         f"models shifts, the controller prices every candidate move through its rollout before it acts"
+         for k in range(8)]
+#: Calibration replay (step 2): seconds of its trace, and the seed offset that keeps it apart from the scored traces.
 CALIBRATION_S = 30.0
 CALIBRATION_SEED_OFFSET = 1000
-#: SLO of the profiling deployment, ms: nothing is refused there, so the calibration sees every request's latency.
+#: SLO of the profiling deployment, ms: nothing is refused there, so the profiles see every request's latency.
 PROFILING_SLO_MS = 10_000.0
 #: Lone requests per model when profiling (the median is kept).
-PROFILE_REQUESTS = 30
-#: Timed loads of the model's weights (the median is the profile's load_s).
-LOAD_REPEATS = 3
+PROFILE_REQUESTS = 20
+#: Batch sizes (requests) whose service time is profiled, and calls timed per size (the median is kept).
+PROFILED_BATCHES = (2, 4)
+PROFILE_BATCH_REQUESTS = 8
+#: Most requests the simulated engine batches: the group's text engine packs a batch of 8 rows of 256 tokens
+#: (TCB's default rows, MiniLM's input limit), which holds six of these requests' passages; beyond the profiled
+#: sizes the simulator extrapolates the last slope.
+MAX_BATCH_REQUESTS = 6
+#: Lone requests timed before a model loads, against which the requests during the load give the loading slowdown.
+SLOWDOWN_BASELINE_REQUESTS = 10
 #: Repeated traces (different seeds) in one run.
 NUM_TRACES = 3
 #: Seconds and concurrent clients of the closed-loop throughput probe.
@@ -81,7 +98,7 @@ THROUGHPUT_CONCURRENCY = 8
 #: SLO = this many times the slowest model's profiled latency (AlpaServe §6.2 "SLO scale").
 SLO_SCALE = 4.0
 #: Offered load as a share of the measured throughput with every device busy.
-LOAD_FACTOR = 0.6
+LOAD_FACTOR = 0.75
 #: Device memory in model weights: each device holds two of the three models, so the placement matters.
 MODELS_PER_DEVICE_MEMORY = 2.2
 #: Inter-arrival CV of the Gamma processes (bursty, as in AlpaServe §6.2).
@@ -105,36 +122,33 @@ STEADY_MIN_BASELINE_S = 10.0
 log = setup_logging("fidelity")
 
 
-def measure_load_s() -> tuple[float, int]:
-    """Seconds to load MiniLM's weights (median of LOAD_REPEATS, after one warm-up load) and its weight bytes: the
-    load time of one model on one device, kept with its profile (`ConfigProfile.load_s`)."""
+def model_weight_bytes() -> int:
+    """Bytes of one model's weights (every model here is MiniLM)."""
     from models.text_encoder import load_text_encoder
 
-    encoder = load_text_encoder()
-    times = []
-    for _ in range(LOAD_REPEATS):
-        started = time.perf_counter()
-        load_text_encoder()
-        times.append(time.perf_counter() - started)
-    return float(np.median(times)), encoder.weight_bytes()
+    return load_text_encoder().weight_bytes()
 
 
-async def measure_step_s(spec: dict, load_s: float) -> float:
-    """Seconds of one rollout step besides loading, measured on the profiling deployment (every model on both
-    devices) as the controller runs a step: one override apply that loads a model into a running group (timed until
-    the ingress and the group report the new version, the model loaded), minus the load itself, plus two
-    ingress-only applies (routing before and after the change)."""
+async def measure_transition(spec: dict) -> tuple[float, TransitionModel]:
+    """What a rollout step costs, measured on the profiling deployment (every model on both devices) as the
+    controller runs a step: the seconds to load a model into a running group (`load_s`, kept with the profiles:
+    apply, start its stage actor, load the weights, until the group reports the new version, minus one config round
+    trip), the seconds of a step besides loading (two ingress-only applies: routing before and after the change),
+    and the slowdown of serving while a model loads (median latency of lone requests straight to the other group,
+    during the load against just before it)."""
     from ray import serve
 
     from placement.alpaserve.placement_rollout import SlotLayout
     from placement.core.deployment_spec import parse_spec
     from placement.core.placement_plan import Placement
+    from placement.core.transition_costs import TransitionModel
     from rayserve_apps.contracts import INGRESS_DEPLOYMENT, group_deployment_name
     from rayserve_apps.control.live_update import apply_overrides, layout_overrides
 
     parsed = parse_spec(spec)
     ingress = serve.get_deployment_handle(INGRESS_DEPLOYMENT, app_name="plexserve")
-    group = serve.get_deployment_handle(group_deployment_name(1), app_name="plexserve")
+    loading_group = serve.get_deployment_handle(group_deployment_name(1), app_name="plexserve")
+    serving_group = serve.get_deployment_handle(group_deployment_name(0), app_name="plexserve")
 
     async def apply(groups: list[list[str]], slot_versions: list[int], version: int) -> float:
         layout = SlotLayout.from_placement(Placement.model_validate({"groups": [one_device_group(g) for g in groups]}),
@@ -143,22 +157,36 @@ async def measure_step_s(spec: dict, load_s: float) -> float:
         await asyncio.to_thread(apply_overrides, "plexserve",
                                 layout_overrides(parsed, layout, layout.routes(), slot_versions, version))
         while (await ingress.placement_version.remote() < version
-               or (await group.info.remote())["placement_version"] < slot_versions[1]):
+               or (await loading_group.info.remote())["placement_version"] < slot_versions[1]):
             await asyncio.sleep(0.1)
         return time.perf_counter() - started
 
+    async def lone_latencies(until: asyncio.Event | None, count: int) -> list[float]:
+        token_ids = token_ids_of_request()
+        latencies: list[float] = []
+        while (until is None and len(latencies) < count) or (until is not None and not until.is_set()):
+            latencies.append(await timed(serving_group.embed_token_ids.remote(MODELS[0], token_ids)))
+        return latencies
+
     await apply([MODELS, MODELS[:2]], [1, 1], 1)  # minilm-c leaves group 1
+    baseline = await lone_latencies(None, SLOWDOWN_BASELINE_REQUESTS)
+    loaded = asyncio.Event()
+    during = asyncio.ensure_future(lone_latencies(loaded, 0))
     load_step_s = await apply([MODELS, MODELS], [1, 2], 2)  # and loads again: a rehost step
+    loaded.set()
+    slowdown = max(1.0, float(np.median(await during)) / float(np.median(baseline)))
     route_s = await apply([MODELS, MODELS], [1, 2], 3)  # the ingress alone
-    step_s = max(load_step_s - load_s, 0.0) + 2 * route_s
-    log.info("rollout step: %.1f s to load a model into a running group, %.1f s to re-route; %.1f s per step "
-             "besides loading",
-             load_step_s, route_s, step_s)
-    return step_s
+    load_s = max(load_step_s - route_s, 0.0)
+    transition = TransitionModel(step_overhead_s=2 * route_s, loading_slowdown=slowdown)
+    log.info("rollout step: %.1f s to load a model into a running group (serving %.2fx slower meanwhile), %.1f s to "
+             "re-route", load_s, slowdown, route_s)
+    return load_s, transition
 
 
 def spec_dict(placement: dict | None, profiles_path: str | None, slo_ms: float, period_s: float, memory_bytes: int,
-              step_overhead_s: float | None = None) -> dict:
+              transition: TransitionModel | None = None, request_overhead_s: float = 0.0) -> dict:
+    """The application's spec; with `profiles_path`, the controller on, simulating the system as this benchmark does
+    (`sim_config`: batches of up to MAX_BATCH_REQUESTS, the ingress overhead)."""
     spec: dict = {
         "cluster": {"num_devices": NUM_DEVICES, "device_resource": DEVICE_RESOURCE,
                     "device_memory_bytes": memory_bytes},
@@ -167,10 +195,12 @@ def spec_dict(placement: dict | None, profiles_path: str | None, slo_ms: float, 
         "placement": placement,
     }
     if profiles_path is not None:
-        spec["planning"] = {"profiles": {"path": profiles_path}, "planner": {"max_group_devices": 1}}
+        spec["planning"] = {"profiles": {"path": profiles_path}, "planner": {"max_group_devices": 1},
+                            "simulation": {"max_batch_size": MAX_BATCH_REQUESTS,
+                                           "request_overhead_ms": 1e3 * request_overhead_s}}
         spec["controller"] = {"period_s": period_s, "fit_window_s": period_s, "min_gain": 0.02}
-        if step_overhead_s is not None:
-            spec["controller"]["transition"] = {"step_overhead_s": step_overhead_s}
+        if transition is not None:
+            spec["controller"]["transition"] = transition.model_dump()
     return spec
 
 
@@ -191,25 +221,37 @@ async def timed(call) -> float:
     return time.perf_counter() - started
 
 
-async def profile_live(handle) -> tuple[dict[str, float], float]:
-    """Per model: median service time straight to a group replica; and the median ingress overhead."""
-    from ray import serve
-
+def token_ids_of_request() -> list[list[int]]:
     from models.text_encoder import load_text_tokenizer
 
-    token_ids = load_text_tokenizer("package:all-minilm-l6-v2").encode([TEXT])
+    return load_text_tokenizer("package:all-minilm-l6-v2").encode(TEXTS)
+
+
+async def profile_live(handle) -> tuple[dict[str, float], float, dict[int, float]]:
+    """Per model: median service time of one request straight to a group replica; the median ingress overhead; and
+    per batch size in PROFILED_BATCHES, a batch's service time over one request's (the engine batches the requests
+    queued for a model: several requests' passages in one call, median over the models)."""
+    from ray import serve
+
+    token_ids = token_ids_of_request()
     group = serve.get_deployment_handle("group-0", app_name="plexserve")
-    service, overhead = {}, []
+    service, overhead, ratios = {}, [], {b: [] for b in PROFILED_BATCHES}
     for model in MODELS:
         for _ in range(3):  # warm-up
-            await handle.embed.remote(model, [TEXT])
+            await handle.embed.remote(model, TEXTS)
         direct = [await timed(group.embed_token_ids.remote(model, token_ids)) for _ in range(PROFILE_REQUESTS)]
-        through = [await timed(handle.embed.remote(model, [TEXT])) for _ in range(PROFILE_REQUESTS)]
+        through = [await timed(handle.embed.remote(model, TEXTS)) for _ in range(PROFILE_REQUESTS)]
         service[model] = float(np.median(direct))
         overhead.append(float(np.median(through)) - service[model])
-        log.info("profile %s: %.1f ms in the group, %.1f ms through the ingress", model, 1e3 * service[model],
-                 1e3 * np.median(through))
-    return service, max(0.0, float(np.median(overhead)))
+        for b in PROFILED_BATCHES:
+            batched = [await timed(group.embed_token_ids.remote(model, token_ids * b))
+                       for _ in range(PROFILE_BATCH_REQUESTS)]
+            ratios[b].append(float(np.median(batched)) / service[model])
+        log.info("profile %s: %.1f ms in the group, %.1f ms through the ingress; batches of %s: x%s", model,
+                 1e3 * service[model], 1e3 * np.median(through), list(PROFILED_BATCHES),
+                 [round(ratios[b][-1], 2) for b in PROFILED_BATCHES])
+    batch_ratio = {1: 1.0, **{b: float(np.median(r)) for b, r in ratios.items()}}
+    return service, max(0.0, float(np.median(overhead))), batch_ratio
 
 
 async def measure_throughput(handle, seconds: float, concurrency: int) -> float:
@@ -223,7 +265,7 @@ async def measure_throughput(handle, seconds: float, concurrency: int) -> float:
     async def worker(k: int) -> None:
         nonlocal done
         while time.perf_counter() < stop:
-            await handle.embed.remote(MODELS[(k + done) % len(MODELS)], [TEXT])
+            await handle.embed.remote(MODELS[(k + done) % len(MODELS)], TEXTS)
             done += 1
 
     started = time.perf_counter()
@@ -231,11 +273,14 @@ async def measure_throughput(handle, seconds: float, concurrency: int) -> float:
     return done / (time.perf_counter() - started)
 
 
-def measured_profiles(service_s: dict[str, float], weight_bytes: int, load_s: float):
+def measured_profiles(service_s: dict[str, float], batch_ratio: dict[int, float], weight_bytes: int, load_s: float):
+    """A `ProfileSet` (source 'measured') of one-device configurations: per model its service time per batch size
+    (`service_s` times `batch_ratio`), weight bytes and load time."""
     from placement.core.profiles import ConfigProfile, ModelProfile, ParallelConfig, ProfileSet, StageProfile
 
     models = {m: ModelProfile(name=m, configs=[ConfigProfile(config=ParallelConfig(), load_s=load_s, stages=[
-        StageProfile(latency_s={1: s}, weight_bytes_per_device=weight_bytes)])]) for m, s in service_s.items()}
+        StageProfile(latency_s={b: s * r for b, r in batch_ratio.items()}, weight_bytes_per_device=weight_bytes)])])
+        for m, s in service_s.items()}
     return ProfileSet(source="measured", device=f"1 logical device = 0.5 CPU share of {machine_description()}",
                       models=models)
 
@@ -264,7 +309,7 @@ async def replay(handle, workload, slo_s: float) -> dict[str, np.ndarray]:
     async def one(i: int) -> None:
         sent = time.perf_counter()
         try:
-            await handle.embed.remote(workload.model_names[workload.model[i]], [TEXT])
+            await handle.embed.remote(workload.model_names[workload.model[i]], TEXTS)
             latency[i] = time.perf_counter() - sent
         except BackPressureError:
             outcome[i] = 1
@@ -290,49 +335,55 @@ async def replay(handle, workload, slo_s: float) -> dict[str, np.ndarray]:
 
 
 def sim_config(overhead_s: float):
-    """The simulated system of every simulation here: shortest-queue dispatch, the measured ingress overhead."""
+    """The simulated system of every simulation here (and of the controller, through the spec): shortest-queue
+    dispatch with SLO admission, batches of up to MAX_BATCH_REQUESTS queued requests of a model, the measured ingress
+    overhead."""
+    from placement.alpaserve.batching import MaxBatchWithinSLO
     from placement.alpaserve.dispatch import make_dispatch
     from placement.alpaserve.simulator import SimulatorConfig
 
-    return SimulatorConfig(dispatch=make_dispatch("shortest_queue"), request_overhead_s=overhead_s)
+    return SimulatorConfig(dispatch=make_dispatch("shortest_queue"), batching=MaxBatchWithinSLO(MAX_BATCH_REQUESTS),
+                           request_overhead_s=overhead_s)
 
 
-async def calibration_replay(handle, lone_profiles, overhead_s: float, total_rate: float, seed: int):
-    """Step 1, service-time calibration: a trace of its own seed (never scored) replayed at the scored traces' rate
-    on the profiling deployment (every model on both devices); the factor on the lone-request profiles at which the
-    simulator reproduces the replay's latency quantile (`placement.alpaserve.service_calibration`, the fit the
-    controller repeats online on the ingress's records)."""
+async def calibration_replay(handle, placement, lone_profiles, overhead_s: float, total_rate: float, slo_s: float,
+                             seed: int):
+    """Step 2, service-time calibration: a trace of its own seed (never scored) replayed at the scored traces' rate
+    and SLO on the deployed application (`placement`, the controller paused); the factor on the lone-request profiles
+    at which the simulator reproduces the replay's SLO attainment, or its latency quantile if every SLO was met
+    (`placement.alpaserve.service_calibration`, the fit the controller repeats online on the ingress's records)."""
     from placement.alpaserve.service_calibration import calibrate_service_scale
-    from placement.core.placement_plan import Placement
 
-    trace = make_trace(total_rate, CALIBRATION_S, PROFILING_SLO_MS / 1000.0, seed=seed)
-    replayed = await replay(handle, trace, PROFILING_SLO_MS / 1000.0)
-    everywhere = Placement.model_validate({"groups": [one_device_group(MODELS), one_device_group(MODELS)]})
-    calibration = calibrate_service_scale(everywhere, lone_profiles, trace, replayed["latency"],
-                                          sim_config(overhead_s))
+    trace = make_trace(total_rate, CALIBRATION_S, slo_s, seed=seed)
+    replayed = await replay(handle, trace, slo_s)
+    calibration = calibrate_service_scale(placement, lone_profiles, trace, replayed["latency"], sim_config(overhead_s))
     if calibration is None:
         raise RuntimeError(f"calibration replay: too few answered requests ({np.isfinite(replayed['latency']).sum()})")
-    log.info("calibration replay (%d requests, %d answered): p%.0f latency %.1f ms measured, %.1f ms simulated at "
-             "x%.3f of the lone-request service times", len(trace), calibration.answered, 100 * calibration.quantile,
-             1e3 * calibration.observed_latency_s, 1e3 * calibration.simulated_latency_s, calibration.scale)
+    log.info("calibration replay (%d requests, %d answered): attainment %.3f measured, %.3f simulated at x%.3f of the "
+             "lone-request service times (fitted on the %s)", len(trace), calibration.answered,
+             calibration.observed_attainment, calibration.simulated_attainment, calibration.scale,
+             calibration.target.replace("_", " "))
     return calibration
 
 
 def simulate_piecewise(timeline: list[tuple], profiles, workload, overhead_s: float) -> np.ndarray:
     """SLO met per request, simulating each span of the trace on the placement in force during it; an entry
-    (start, placement, span_profiles) simulates its span with its own profiles (a rollout step that loads)."""
+    (start, placement, factor) simulates its span with the profiles' latencies times `factor` (the service-time
+    factor in force, times the loading slowdown while a rollout step loads)."""
     from placement.alpaserve.simulator import SERVED, simulate
+    from placement.alpaserve.transition import scaled_profiles
 
     config = sim_config(overhead_s)
+    scaled: dict[float, object] = {}
     met = np.zeros(len(workload), dtype=bool)
     bounds = [entry[0] for entry in timeline[1:]] + [np.inf]
     begin = -np.inf
-    for entry, end in zip(timeline, bounds):
-        placement = entry[1]
+    for (_, placement, factor), end in zip(timeline, bounds):
         index = np.flatnonzero((workload.arrival_s >= begin) & (workload.arrival_s < end))
         if len(index) and placement.groups:
-            result = simulate(placement, entry[2] if len(entry) > 2 else profiles, workload.take(index), config)
-            met[index] = result.status == SERVED
+            if factor not in scaled:
+                scaled[factor] = scaled_profiles(profiles, factor) if factor != 1.0 else profiles
+            met[index] = simulate(placement, scaled[factor], workload.take(index), config).status == SERVED
         begin = end
     return met
 
@@ -341,17 +392,28 @@ def through_rollouts(initial, rollouts: list[tuple], profiles, transition) -> li
     """The controller run's timeline as the controller predicts it: each re-placement from the moment its rollout
     began, step by step (`placement.alpaserve.transition.rollout_timeline`: what stays routed, loading slowdown)."""
     from placement.alpaserve.placement_rollout import SlotLayout
-    from placement.alpaserve.transition import rollout_timeline, scaled_profiles
+    from placement.alpaserve.transition import rollout_timeline
 
-    loading = scaled_profiles(profiles, transition.loading_slowdown)
-    timeline: list[tuple] = [(-np.inf, initial, profiles)]
+    timeline: list[tuple] = [(-np.inf, initial, 1.0)]
     current = initial
     for begun, _, target, _, _ in rollouts:
         spans, _ = rollout_timeline(SlotLayout.from_placement(current, NUM_DEVICES), target, profiles, NUM_DEVICES,
                                     transition, horizon_s=0.0)
-        timeline += [(begun + span.start_s, span.placement, loading if span.loading else profiles) for span in spans]
+        timeline += [(begun + span.start_s, span.placement, transition.loading_slowdown if span.loading else 1.0)
+                     for span in spans]
         current = target
     return timeline
+
+
+def with_online_scales(timeline: list[tuple], scales: list[tuple[float, float]]) -> list[tuple]:
+    """`timeline` (start, placement, factor) with every span's factor also multiplied by the controller's service-time
+    factor in force (`scales`: (start, factor) from each decision on, fitted on the window before it): the simulator
+    as the controller recalibrates it online, each span predicted from the ingress's records before it."""
+    def in_force(entries: list[tuple], t: float) -> tuple:
+        return [e for e in entries if e[0] <= t][-1]
+
+    starts = sorted({entry[0] for entry in timeline} | {start for start, _ in scales})
+    return [(t, in_force(timeline, t)[1], in_force(timeline, t)[2] * in_force(scales, t)[1]) for t in starts]
 
 
 def windowed(values: np.ndarray, arrival_s: np.ndarray, duration_s: float) -> tuple[np.ndarray, np.ndarray]:
@@ -396,7 +458,7 @@ async def saturate(handle, capacity_per_s: float) -> dict[str, int]:
 
     async def one(model: str) -> None:
         try:
-            await handle.embed.remote(model, [TEXT])
+            await handle.embed.remote(model, TEXTS)
             counts["accepted"] += 1
         except BackPressureError:
             counts["rejected"] += 1
@@ -428,7 +490,7 @@ async def steady_replacement(handle, controller, capacity_per_s: float, seed: in
     async def one(model: str) -> None:
         sent = time.perf_counter()
         try:
-            await handle.embed.remote(model, [TEXT])
+            await handle.embed.remote(model, TEXTS)
             records.append((model, sent, time.perf_counter() - sent, "ok"))
         except BackPressureError:
             records.append((model, sent, None, "rejected:back_pressure"))
@@ -477,10 +539,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-async def controller_trace(handle, controller, profiles, transition, overhead_s: float, slo_s: float, total_rate: float,
-                           duration_s: float, period_s: float, memory_bytes: int, seed: int,
-                           throughput_profiles=None) -> dict:
-    """Steps 2-5 for one trace: plan for its first half, static run, controller run, both simulated."""
+async def controller_trace(handle, controller, profiles: dict, transition, overhead_s: float, slo_s: float,
+                           total_rate: float, duration_s: float, period_s: float, memory_bytes: int, seed: int) -> dict:
+    """Steps 3-5 for one trace: plan for its first half, static run, controller run, both simulated. `profiles`:
+    "lone" (the controller's base), "calibrated" (offline) and "throughput_scaled" profile sets."""
+    lone_profiles, throughput_profiles = profiles["lone"], profiles["throughput_scaled"]
+    profiles = profiles["calibrated"]
     from placement.alpaserve.planner import PlannerConfig, plan
     from placement.core.placement_plan import Placement
 
@@ -501,34 +565,41 @@ async def controller_trace(handle, controller, profiles, transition, overhead_s:
     await controller.apply_placement.remote(initial_groups, "benchmark reset")
     # The controller's window still holds the static run's last period (its c-heavy end): let it age out first.
     await asyncio.sleep(period_s)
-    first_id = len(await controller.history.remote())
+    history = await controller.history.remote()
+    first_id = len(history)
+    # The controller's service-time factor when the run starts (its last decision's), on its base profiles.
+    scale_before = next((d["service_scale"] for d in reversed(history) if d.get("service_scale") is not None), 1.0)
     await controller.pause.remote(False)
     dynamic = await replay(handle, trace, slo_s)
     await controller.pause.remote(True)
     decisions = (await controller.history.remote())[first_id:]
     applied = [d for d in decisions if d.get("outcome") == "applied"]
-    timeline: list[tuple[float, Placement]] = [(-np.inf, initial)]
+    timeline: list[tuple] = [(-np.inf, initial, 1.0)]
     changes, rollouts = [], []
     for d in applied:
         begun = d["time_s"] + d.get("planning_s", 0.0) - dynamic["start_wall"]
         at = d["time_s"] + d["duration_s"] - dynamic["start_wall"]
         target = Placement.model_validate({"groups": [one_device_group(g["models"]) for g in d["placement"]]})
-        timeline.append((at, target))
+        timeline.append((at, target, 1.0))
         changes.append(at)
         chosen = next((c for c in d.get("candidates", []) if c["name"] == d.get("chosen")), None)
         rollouts.append((begun, at, target, chosen, d))
         log.info("re-placement (%s, trigger %s) applied at t=%.1f s (%.1f s to roll out): %s", d.get("chosen"),
                  d.get("trigger"), at, d["duration_s"], d["placement"])
 
-    static_sim = simulate_piecewise([(-np.inf, initial)], profiles, trace, overhead_s)
-    dynamic_sim = simulate_piecewise(timeline, profiles, trace, overhead_s)
-    # For comparison: the profiles as this benchmark made them before calibration (scaled to the throughput probe).
-    dynamic_sim_probe = (simulate_piecewise(timeline, throughput_profiles, trace, overhead_s)
-                         if throughput_profiles is not None else None)
-    scales = [d["service_scale"] for d in decisions if d.get("service_scale") is not None]
-    # The transition model the controller was given (measured step time, stand-in slowdown) predicts here too.
-    dynamic_through = simulate_piecewise(through_rollouts(initial, rollouts, profiles, transition), profiles, trace,
-                                         overhead_s)
+    # The simulator as the controller recalibrates it online (the primary figure): the controller's base profiles
+    # (the lone-request times) times the factor in force at each moment, fitted on the ingress's records before it.
+    scales = [(d["time_s"] - dynamic["start_wall"], d["service_scale"]) for d in decisions
+              if d.get("service_scale") is not None]
+    online = [(-np.inf, scale_before)] + scales
+    static_sim = simulate_piecewise([(-np.inf, initial, 1.0)], profiles, trace, overhead_s)
+    dynamic_sim = simulate_piecewise(with_online_scales(timeline, online), lone_profiles, trace, overhead_s)
+    # For comparison: the offline calibration alone, and the profiles scaled to the throughput probe.
+    dynamic_sim_offline = simulate_piecewise(timeline, profiles, trace, overhead_s)
+    dynamic_sim_probe = simulate_piecewise(timeline, throughput_profiles, trace, overhead_s)
+    # The transition model the controller was given (measured step time, load time and slowdown) predicts here too.
+    dynamic_through = simulate_piecewise(with_online_scales(through_rollouts(initial, rollouts, profiles, transition),
+                                                            online), lone_profiles, trace, overhead_s)
     # Transition cost, predicted: the chosen candidate's horizon loss (as deployed minus through its rollout) per
     # request of the rollout span; real: the attainment the target would have had over the rollout span's requests
     # (simulated as deployed) minus what the live system reached on them.
@@ -539,7 +610,7 @@ async def controller_trace(handle, controller, profiles, transition, overhead_s:
                                    * d.get("horizon_s", 2 * period_s) / chosen["transition_s"])
         span = np.flatnonzero((trace.arrival_s >= begun) & (trace.arrival_s < at))
         if len(span):
-            deployed = simulate_piecewise([(-np.inf, target)], profiles, trace.take(span), overhead_s)
+            deployed = simulate_piecewise([(-np.inf, target, 1.0)], profiles, trace.take(span), overhead_s)
             real_costs.append(float(deployed.mean() - dynamic["met"][span].mean()))
     shift_s = duration_s / 2
     after_shift = [t for t in changes if t >= shift_s]
@@ -551,9 +622,10 @@ async def controller_trace(handle, controller, profiles, transition, overhead_s:
         "abs_gap_through_rollout": abs(float(dynamic["met"].mean()) - float(dynamic_through.mean())),
         "attainment_real": float(dynamic["met"].mean()), "attainment_sim": float(dynamic_sim.mean()),
         "abs_gap": abs(float(dynamic["met"].mean()) - float(dynamic_sim.mean())),
-        "attainment_sim_throughput_scaled": (float(dynamic_sim_probe.mean()) if dynamic_sim_probe is not None
-                                             else None),
-        "controller_service_scale": scales,
+        "attainment_sim_offline": float(dynamic_sim_offline.mean()),
+        "abs_gap_offline": abs(float(dynamic["met"].mean()) - float(dynamic_sim_offline.mean())),
+        "attainment_sim_throughput_scaled": float(dynamic_sim_probe.mean()),
+        "controller_service_scale": [round(scale, 3) for _, scale in online],
         "static_attainment_real": float(static["met"].mean()), "static_attainment_sim": float(static_sim.mean()),
         "static_abs_gap": abs(float(static["met"].mean()) - float(static_sim.mean())),
         "second_half_attainment_real": float(dynamic["met"][second].mean()),
@@ -578,11 +650,10 @@ async def run(args) -> dict:
     from ray import serve
 
     from placement.alpaserve.planner import PlannerConfig, plan
-    from placement.core.transition_costs import TransitionModel
 
     http_options = {"host": "127.0.0.1", "port": free_port()}
     serve.start(http_options=http_options)
-    duration_s = args.duration_s or (75.0 if args.quick else 300.0)
+    duration_s = args.duration_s or (90.0 if args.quick else 300.0)
     period_s = args.period_s or (10.0 if args.quick else 20.0)
 
     log.info("1/7 profiling: every model on both devices")
@@ -591,7 +662,7 @@ async def run(args) -> dict:
                                memory_bytes=16 * 1024**3)
     deploy(profiling_spec, http_options)
     handle = serve.get_app_handle("plexserve")
-    lone_s, overhead_s = await profile_live(handle)
+    lone_s, overhead_s, batch_ratio = await profile_live(handle)
     throughput = await measure_throughput(handle, THROUGHPUT_PROBE_S, THROUGHPUT_CONCURRENCY)
     # Per-request device time at full load: the devices' share of the measured throughput, split by lone-time ratios.
     # It sets the SLO and the offered load (as in earlier runs); the simulator's service times are calibrated below.
@@ -603,35 +674,36 @@ async def run(args) -> dict:
     capacity = throughput
     total_rate = LOAD_FACTOR * capacity
     log.info("SLO %.0f ms, capacity %.0f/s, offered %.0f requests/s", 1e3 * slo_s, capacity, total_rate)
-    load_s, weight_bytes = measure_load_s()
-    log.info("loading one model's weights: %.2f s (%d bytes)", load_s, weight_bytes)
-    calibration = await calibration_replay(handle, measured_profiles(lone_s, weight_bytes, load_s), overhead_s,
-                                           total_rate, seed=args.seed + CALIBRATION_SEED_OFFSET)
-    service_s = {m: s * calibration.scale for m, s in lone_s.items()}
-    step_s = await measure_step_s(profiling_spec, load_s)
-    transition = TransitionModel(step_overhead_s=step_s)
+    weight_bytes = model_weight_bytes()
+    load_s, transition = await measure_transition(profiling_spec)
     memory_bytes = int(MODELS_PER_DEVICE_MEMORY * weight_bytes)
-    profiles = measured_profiles(service_s, weight_bytes, load_s)
-    throughput_profiles = measured_profiles(probe_s, weight_bytes, load_s)
+    lone_profiles = measured_profiles(lone_s, batch_ratio, weight_bytes, load_s)
+    throughput_profiles = measured_profiles(probe_s, batch_ratio, weight_bytes, load_s)
     folder = Path(tempfile.mkdtemp(prefix="plexserve-fidelity-"))
-    profiles.save(folder / "profiles.json")
+    # The controller starts from the lone-request times and recalibrates them online from the ingress's records.
+    lone_profiles.save(folder / "profiles.json")
 
-    log.info("2/7 deploying, controller on (paused between runs)")
+    log.info("2/7 deploying, controller on (paused between runs); service-time calibration")
     first = make_trace(total_rate, duration_s, slo_s, seed=args.seed).window(0.0, duration_s / 2)
-    initial = plan(MODELS, profiles, first, NUM_DEVICES, memory_bytes, PlannerConfig(max_group_devices=1)).normalize()
+    initial = plan(MODELS, throughput_profiles, first, NUM_DEVICES, memory_bytes,
+                   PlannerConfig(max_group_devices=1)).normalize()
     initial_groups = {"groups": [g.model_dump(mode="json") for g in initial.groups]}
-    deploy(spec_dict(initial_groups, str(folder / "profiles.json"), 1e3 * slo_s, period_s, memory_bytes, step_s),
-           http_options)
+    deploy(spec_dict(initial_groups, str(folder / "profiles.json"), 1e3 * slo_s, period_s, memory_bytes, transition,
+                     overhead_s), http_options)
     handle = serve.get_app_handle("plexserve")
     controller = serve.get_deployment_handle("PlacementController", app_name="plexserve")
     await controller.pause.remote(True)
     for model in MODELS:
-        await handle.embed.remote(model, [TEXT])
+        await handle.embed.remote(model, TEXTS)
+    calibration = await calibration_replay(handle, initial, lone_profiles, overhead_s, total_rate, slo_s,
+                                           seed=args.seed + CALIBRATION_SEED_OFFSET)
+    service_s = {m: s * calibration.scale for m, s in lone_s.items()}
+    profiles = {"lone": lone_profiles, "calibrated": measured_profiles(service_s, batch_ratio, weight_bytes, load_s),
+                "throughput_scaled": throughput_profiles}
 
     log.info("3-5/7 %d traces (static run, controller run, both simulated)", NUM_TRACES)
     traces = [await controller_trace(handle, controller, profiles, transition, overhead_s, slo_s, total_rate,
-                                     duration_s, period_s, memory_bytes, seed=args.seed + k,
-                                     throughput_profiles=throughput_profiles) for k in range(NUM_TRACES)]
+                                     duration_s, period_s, memory_bytes, seed=args.seed + k) for k in range(NUM_TRACES)]
 
     log.info("6/7 re-placement under steady load")
     steady = await steady_replacement(handle, controller, capacity, seed=args.seed)
@@ -658,6 +730,7 @@ async def run(args) -> dict:
         "controller_gain_real_min": min(gains), "controller_gain_real_mean": float(np.mean(gains)),
         "abs_gap_max": max(t["abs_gap"] for t in traces),
         "abs_gap_through_rollout_max": max(t["abs_gap_through_rollout"] for t in traces),
+        "abs_gap_offline_max": max(t["abs_gap_offline"] for t in traces),
         "static_abs_gap_max": max(t["static_abs_gap"] for t in traces),
         "transition_cost_predicted": (float(np.mean(present("transition_cost_predicted")))
                                       if present("transition_cost_predicted") else None),
@@ -670,13 +743,13 @@ async def run(args) -> dict:
         "failed_accepted": failed_accepted, "saturation": burst,
         "unchanged_p99_ratio": steady["unchanged_p99_ratio"], "steady_replacement": steady,
         "slo_ms": 1e3 * slo_s, "service_ms": {m: 1e3 * s for m, s in service_s.items()},
-        "lone_service_ms": {m: 1e3 * s for m, s in lone_s.items()},
+        "lone_service_ms": {m: 1e3 * s for m, s in lone_s.items()}, "batch_ratio": batch_ratio,
         "throughput_scaled_service_ms": {m: 1e3 * s for m, s in probe_s.items()},
         "calibration": calibration.to_json(),
         "attainment_sim_throughput_scaled": float(np.mean([t["attainment_sim_throughput_scaled"] for t in traces])),
         "abs_gap_max_throughput_scaled": max(abs(t["attainment_real"] - t["attainment_sim_throughput_scaled"])
                                              for t in traces),
-        "load_s": load_s, "step_overhead_s": step_s, "throughput_per_s": throughput,
+        "load_s": load_s, "transition": transition.model_dump(), "throughput_per_s": throughput,
         "ingress_overhead_ms": 1e3 * overhead_s,
         "duration_s": duration_s, "period_s": period_s, "machine": machine_description(),
     }
@@ -685,7 +758,7 @@ async def run(args) -> dict:
 
 def main() -> None:
     parser = make_parser(__doc__)
-    parser.add_argument("--duration-s", type=float, default=None, help="trace length (default 75 s quick, 300 s full)")
+    parser.add_argument("--duration-s", type=float, default=None, help="trace length (default 90 s quick, 300 s full)")
     parser.add_argument("--period-s", type=float, default=None,
                         help="controller period (default 10 s quick, 20 s full)")
     parser.add_argument("--seed", type=int, default=0)

@@ -6,6 +6,7 @@ import pytest
 from placement.alpaserve.paper_profiles import model_profile
 from placement.alpaserve.planner import PlannerConfig
 from placement.alpaserve.replanning import ObservedTraffic, ReplanPolicy
+from placement.alpaserve.transition import TransitionModel
 from placement.core.placement_plan import GroupPlacement, Placement
 from placement.core.profiles import ParallelConfig, ProfileSet
 from placement.core.traces import fit_arrivals
@@ -122,11 +123,26 @@ def test_a_small_shift_keeps_the_placement_once_the_rollout_is_priced():
     observed = traffic({"a": 9.0, "b": 6.0, "c": 6.0})
     unpriced = policy(transition=None).decide(one_per_device(), observed)
     assert unpriced.chosen != "keep" and unpriced.predicted_gain >= 0.02
-    priced = policy().decide(one_per_device(), observed)
+    # A 10 s load (1 GiB at a tenth of a GiB per second) that halves the devices' speed while it runs.
+    priced = policy(transition=TransitionModel(load_bandwidth_bytes_per_s=GIB / 10, loading_slowdown=2.0)).decide(
+        one_per_device(), observed)
     move = priced.candidate(unpriced.chosen)
     assert move.predicted_attainment == pytest.approx(unpriced.candidate(unpriced.chosen).predicted_attainment)
     assert move.transition_s > 0 and move.transition_cost > 0
     assert priced.chosen == "keep" and "below min_gain" in priced.reason
+
+
+def test_a_shift_decision_fits_the_traffic_since_the_shift():
+    """After a detected shift the controller judges on the window since it (issue 18: react within one period), so
+    the traffic before the shift does not dilute the fit."""
+    before, after = poisson(10.0, 50.0, 1), 50.0 + poisson(10.0, 10.0, 2)
+    observed = ObservedTraffic(MODELS, [before, np.zeros(0), after], 60.0, [SLO_S] * 3)
+    whole = policy().fit(observed)[0]
+    since = policy().fit(observed, fit_window_s=10.0)[0]
+    assert whole["a"].rate_per_s > 3.0 and whole["c"].rate_per_s < 7.0  # 20 s windows: a 10 s shift is half of one
+    assert since["a"].rate_per_s == 0.0 and since["c"].rate_per_s == pytest.approx(10.0, rel=0.35)
+    assert policy().decide(one_per_device(), observed, fit_window_s=10.0).traffic["c"].rate_per_s == (
+        since["c"].rate_per_s)
 
 
 def test_a_large_shift_still_pays_for_its_rollout():

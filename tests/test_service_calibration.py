@@ -88,6 +88,27 @@ def test_devices_slower_or_faster_than_profiled_are_recovered(slowdown):
     assert calibration.scale == pytest.approx(slowdown, rel=0.05)
 
 
+def test_a_window_that_missed_slos_is_fitted_on_its_attainment():
+    """Under SLO admission the answered latencies stop near the SLO; the window's attainment (rejections count as
+    misses) is what the controller predicts, so an overloaded window is fitted on it."""
+    workload = trace(55.0, seed=8)
+    latency = live_latencies(workload, scaled_profiles(LONE, 2.0), PLAIN)
+    calibration = calibrate_service_scale(both_everywhere(), LONE, workload, latency, PLAIN)
+    assert calibration.target == "attainment" and calibration.observed_attainment < 0.95
+    assert calibration.simulated_attainment == pytest.approx(calibration.observed_attainment, abs=0.01)
+    assert calibration.scale == pytest.approx(2.0, rel=0.1)
+    # A window in which every request met its SLO pins no factor by attainment: the latency quantile decides.
+    light = trace(5.0, seed=8)
+    calibration = calibrate_service_scale(both_everywhere(), LONE, light, live_latencies(light, LONE, PLAIN), PLAIN)
+    assert calibration.target == "latency_quantile" and calibration.observed_attainment == 1.0
+    # Misses that no speed avoids (requests for a model no group hosts) do not push the factor to the bound.
+    only_a = Placement(groups=[GroupPlacement(num_devices=1, config=ParallelConfig(), models=["a"])])
+    latency = simulate(only_a, LONE, light, PLAIN).finish_s - light.arrival_s
+    latency[light.model == 1] = np.nan
+    calibration = calibrate_service_scale(only_a, LONE, light, latency, PLAIN, min_answered=10)
+    assert calibration.observed_attainment < 0.9 and calibration.scale == pytest.approx(1.0, rel=0.1)
+
+
 def test_a_target_beyond_the_searched_range_gives_its_bound():
     workload = trace(20.0, seed=3)
     latency = np.full(len(workload), 1e-6)  # faster than any factor can make the simulator

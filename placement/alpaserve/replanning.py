@@ -58,7 +58,8 @@ logger = logging.getLogger(__name__)
 CandidateName = Literal["keep", "local", "rehost", "replan"]
 #: From least to most disruptive: a move must beat the one before it by min_gain.
 DISRUPTION_ORDER: tuple[CandidateName, ...] = ("keep", "local", "rehost", "replan")
-#: Shortest workload the candidates are simulated on, seconds: a short period is resampled for longer.
+#: Shortest workload the candidates are made on (and judged on, without a set horizon), seconds: a short period is
+#: resampled for longer.
 MIN_HORIZON_S = 60.0
 #: Longest horizon simulated, seconds: the cost grows with it, and traffic fitted on the last period says little
 #: about what comes ten minutes later.
@@ -170,7 +171,7 @@ class ReplanPolicy:
             return None
         workload, latency = observed_workload(traffic)
         fitted = calibrate_service_scale(current, self.base_profiles, workload, latency, self.planner.simulator,
-                                         settings.quantile, settings.min_answered)
+                                         settings.quantile, settings.min_answered, settings.match_attainment)
         if fitted is None:
             return None
         keep = settings.smoothing if self.last_calibration is not None else 0.0
@@ -178,9 +179,11 @@ class ReplanPolicy:
         self.last_calibration = fitted
         return fitted
 
-    def fit(self, traffic: ObservedTraffic) -> tuple[dict[str, ModelTrafficFit], np.ndarray, np.ndarray]:
-        fitted = fit_arrivals(traffic.model_names, traffic.arrival_s, min(self.fit_window_s, traffic.duration_s),
-                              traffic.duration_s)
+    def fit(self, traffic: ObservedTraffic,
+            fit_window_s: float | None = None) -> tuple[dict[str, ModelTrafficFit], np.ndarray, np.ndarray]:
+        """Rate and CV per model in the observation's last window of `fit_window_s` (default: the policy's)."""
+        window_s = min(fit_window_s or self.fit_window_s, traffic.duration_s)
+        fitted = fit_arrivals(traffic.model_names, traffic.arrival_s, window_s, traffic.duration_s)
         rates, cvs = fitted.rates[:, -1], fitted.cvs[:, -1]
         fits = {name: ModelTrafficFit(rate_per_s=float(rates[m]), cv=float(cvs[m]), requests=len(traffic.arrival_s[m]))
                 for m, name in enumerate(traffic.model_names)}
@@ -193,19 +196,24 @@ class ReplanPolicy:
         return min(horizon, MAX_HORIZON_S)
 
     def workload(self, traffic: ObservedTraffic, rates: np.ndarray, cvs: np.ndarray,
-                 seed: int | None = None) -> Workload:
-        """The traffic of the last fit window, resampled over the horizon (default: the planning resample)."""
-        trace = FittedTrace(traffic.model_names, self.horizon(traffic), rates[:, None], cvs[:, None])
+                 seed: int | None = None, duration_s: float | None = None) -> Workload:
+        """The traffic of the last fit window, resampled over `duration_s` (default: the horizon) with `seed`
+        (default: the planning resample's)."""
+        trace = FittedTrace(traffic.model_names, duration_s or self.horizon(traffic), rates[:, None], cvs[:, None])
         return trace.resample(traffic.slo_s, seed=self.seed if seed is None else seed)
 
     def held_out(self, traffic: ObservedTraffic, rates: np.ndarray, cvs: np.ndarray) -> list[Workload]:
         """Independent resamples of the same fitted traffic, none of them the planning one."""
         return [self.workload(traffic, rates, cvs, seed=self.seed + 1 + k) for k in range(self.held_out_resamples)]
 
-    def decide(self, current: Placement, traffic: ObservedTraffic) -> ReplanDecision:
+    def decide(self, current: Placement, traffic: ObservedTraffic,
+               fit_window_s: float | None = None) -> ReplanDecision:
+        """Keep or move (see the module doc). `fit_window_s` overrides the window the traffic is fitted on: after a
+        detected rate shift, the window since the shift, so that the traffic before it does not dilute the fit."""
         started = time.perf_counter()
-        fits, rates, cvs = self.fit(traffic)
-        planning = self.workload(traffic, rates, cvs)
+        fits, rates, cvs = self.fit(traffic, fit_window_s)
+        # The moves are made on at least MIN_HORIZON_S of traffic: a short draw of bursty traffic is a poor basis.
+        planning = self.workload(traffic, rates, cvs, duration_s=max(self.horizon(traffic), MIN_HORIZON_S))
         names = traffic.model_names
         proposals: list[tuple[CandidateName, Placement, str]] = [("keep", current, "")]
         if len(planning):

@@ -11,7 +11,12 @@ attainment of real traffic (a probe at full load overstated the per-request time
 
 `calibrate_service_scale` replays the requests of an observation window (their real arrival times, on the placement
 that served them) in the simulator at a trial factor, and bisects the factor (on a log scale) until the simulated
-`quantile` of the answered requests' latencies equals the observed one. The simulator is the one the planner and the
+figure equals the observed one. The figure is the window's **SLO attainment** (rejected requests count as misses)
+when the window missed some SLOs: that is what the controller predicts, and under SLO admission the answered
+requests' latencies stop near the SLO, so their quantile says little about how far the system is overloaded. A
+window in which every request met its SLO pins no factor by its attainment (any fast enough one reproduces it), nor
+does one whose misses no speed avoids (a model no group hosts): it is fitted on the `quantile` of the answered
+requests' latencies instead. The simulator is the one the planner and the
 controller use, with the same policy objects; only the latency table is scaled. Calibrate on requests *before* the
 ones a prediction is judged on (the controller: the last window, for the next decision).
 """
@@ -46,6 +51,9 @@ class ServiceCalibration:
     simulated_latency_s: float  # the same quantile simulated at `scale`
     quantile: float
     answered: int  # answered requests the quantile is taken over
+    target: str = "latency_quantile"  # what was matched: "attainment" or "latency_quantile"
+    observed_attainment: float = 1.0  # SLO attainment of the window's requests, measured
+    simulated_attainment: float = 1.0  # the same simulated at `scale`
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -64,12 +72,14 @@ def simulated_latency_quantile(placement: Placement, profiles: ProfileSet, workl
 
 def calibrate_service_scale(placement: Placement, profiles: ProfileSet, workload: Workload, latency_s: np.ndarray,
                             config: SimulatorConfig | None = None, quantile: float = DEFAULT_QUANTILE,
-                            min_answered: int = DEFAULT_MIN_ANSWERED) -> ServiceCalibration | None:
-    """The factor on `profiles`' latencies at which the simulator, replaying `workload` on `placement`, answers with
-    the same latency `quantile` as the live system did (`latency_s`: per request of `workload`, seconds; NaN for
-    requests not answered). None when fewer than `min_answered` were answered. The simulated latency grows with the
-    factor (queues only lengthen as every request gets slower), so a bisection on log(factor) finds it; a target
-    outside [MIN_SCALE, MAX_SCALE] gives the bound."""
+                            min_answered: int = DEFAULT_MIN_ANSWERED,
+                            match_attainment: bool = True) -> ServiceCalibration | None:
+    """The factor on `profiles`' latencies at which the simulator, replaying `workload` on `placement`, reaches the
+    SLO attainment the live system did (`latency_s`: per request of `workload`, seconds; NaN for requests not
+    answered) or, when every request met its SLO (or without `match_attainment`), answers with the same latency
+    `quantile`. None when fewer than `min_answered` were answered. Both figures move one way with the factor (queues
+    only lengthen as every request gets slower), so a bisection on log(factor) finds it; a target outside
+    [MIN_SCALE, MAX_SCALE] gives the bound."""
     if not 0 < quantile < 1:
         raise ValueError(f"quantile={quantile}: must be in (0, 1)")
     latency_s = np.asarray(latency_s, dtype=float)
@@ -80,27 +90,46 @@ def calibrate_service_scale(placement: Placement, profiles: ProfileSet, workload
     if answered.sum() < min_answered or not placement.groups:
         return None
     config = config or SimulatorConfig()
-    target = float(np.quantile(latency_s[answered], quantile))
+    observed_quantile = float(np.quantile(latency_s[answered], quantile))
+    observed_attainment = float(np.mean(answered & (np.nan_to_num(latency_s, nan=np.inf) <= workload.slo_s)))
 
-    def at(scale: float) -> float:
+    def latency_at(scale: float) -> float:
         value = simulated_latency_quantile(placement, profiles, workload, config, quantile, scale)
         return np.inf if np.isnan(value) else value
 
-    low, high = np.log(MIN_SCALE), np.log(MAX_SCALE)
-    if at(MIN_SCALE) >= target:
-        scale = MIN_SCALE
-    elif at(MAX_SCALE) <= target:
-        scale = MAX_SCALE
+    def attainment_at(scale: float) -> float:
+        return simulate(placement, scaled_profiles(profiles, scale), workload, config).slo_attainment()
+
+    # Misses that no service speed avoids (a model no group hosts) say nothing about the factor.
+    by_attainment = (match_attainment and observed_attainment < 1.0
+                     and attainment_at(MIN_SCALE) > observed_attainment)
+
+    # A figure that grows with the factor, and its observed value.
+    if by_attainment:
+        grows, target = (lambda scale: -attainment_at(scale)), -observed_attainment
     else:
-        for _ in range(BISECTION_STEPS):
-            middle = (low + high) / 2
-            if at(float(np.exp(middle))) < target:
-                low = middle
-            else:
-                high = middle
-        scale = float(np.exp((low + high) / 2))
-    return ServiceCalibration(scale=scale, observed_latency_s=target, simulated_latency_s=at(scale),
-                              quantile=quantile, answered=int(answered.sum()))
+        grows, target = latency_at, observed_quantile
+    scale = _bisect_log_scale(grows, target)
+    return ServiceCalibration(scale=scale, observed_latency_s=observed_quantile,
+                              simulated_latency_s=latency_at(scale), quantile=quantile, answered=int(answered.sum()),
+                              target="attainment" if by_attainment else "latency_quantile",
+                              observed_attainment=observed_attainment, simulated_attainment=attainment_at(scale))
+
+
+def _bisect_log_scale(grows, target: float) -> float:
+    """The factor in [MIN_SCALE, MAX_SCALE] at which `grows(factor)` (non-decreasing) crosses `target`."""
+    if grows(MIN_SCALE) >= target:
+        return MIN_SCALE
+    if grows(MAX_SCALE) <= target:
+        return MAX_SCALE
+    low, high = np.log(MIN_SCALE), np.log(MAX_SCALE)
+    for _ in range(BISECTION_STEPS):
+        middle = (low + high) / 2
+        if grows(float(np.exp(middle))) < target:
+            low = middle
+        else:
+            high = middle
+    return float(np.exp((low + high) / 2))
 
 
 def observed_workload(traffic: ObservedTraffic) -> tuple[Workload, np.ndarray]:

@@ -7,11 +7,13 @@ weights competes with serving on shared devices. This module turns a rollout (`p
 before break, the same steps the controller runs) into a timeline of placements in force and simulates a workload
 piecewise on it:
 
-- step k lasts `step_overhead_s` plus the longest load among its changes: a rehost loads the models it adds, a start
-  or replace restarts a replica (`replica_start_s`) and loads all of its models; a stop takes no load time;
+- step k lasts `step_overhead_s` (Serve config updates and routing) plus the longest load among its changes: a rehost
+  loads the models it adds, a start or replace restarts a replica (`replica_start_s`) and loads all of its models; a
+  stop takes no load time;
 - during step k the ingress routes by `transition_routes(before, after)`: those groups serve, nothing else;
-- during a step the devices serve at `1 / loading_slowdown` of their speed (every latency is scaled: on this project's
-  stand-in machine all devices share two cores, so a load slows every group, not just the one that loads);
+- while a step loads (its load time, after its overhead) the devices serve at `1 / loading_slowdown` of their speed
+  (every latency is scaled: on this project's stand-in machine all devices share two cores, so a load slows every
+  group, not just the one that loads); during the overhead they serve at full speed;
 - after the last step the target placement serves until the horizon ends.
 
 Load times come from the profiles (`ConfigProfile.load_s`, measured per model and parallel configuration where the
@@ -54,7 +56,7 @@ class Span:
     start_s: float
     end_s: float
     placement: Placement
-    loading: bool  # a rollout step runs (latencies scaled by loading_slowdown)
+    loading: bool  # a rollout step loads models (latencies scaled by loading_slowdown)
 
 
 def rollout_timeline(current: SlotLayout, target: Placement, profiles: ProfileSet, num_devices: int,
@@ -66,12 +68,14 @@ def rollout_timeline(current: SlotLayout, target: Placement, profiles: ProfileSe
     t = 0.0
     before = current
     for step in rollout.steps:
-        duration = transition.step_overhead_s + max(change_s(transition, profiles, c) for c in step.changes)
-        serving = [GroupPlacement(num_devices=g.num_devices, config=g.config, models=models)
-                   for g, models in zip(before.slots, transition_routes(before, step.layout))
-                   if g is not None and models]
-        spans.append(Span(t, t + duration, Placement(groups=serving), loading=True))
-        t += duration
+        loading_s = max(change_s(transition, profiles, c) for c in step.changes)
+        serving = Placement(groups=[GroupPlacement(num_devices=g.num_devices, config=g.config, models=models)
+                                    for g, models in zip(before.slots, transition_routes(before, step.layout))
+                                    if g is not None and models])
+        for duration, loading in ((transition.step_overhead_s, False), (loading_s, True)):
+            if duration > 0:
+                spans.append(Span(t, t + duration, serving, loading=loading))
+                t += duration
         before = step.layout
     spans.append(Span(t, max(t, horizon_s), before.placement(), loading=False))
     return spans, t

@@ -20,9 +20,13 @@ class ServiceCalibrationSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     quantile: float = Field(default=DEFAULT_QUANTILE, gt=0, lt=1,
-                            description="Latency quantile of the answered requests the simulator must reproduce.")
+                            description="Latency quantile of the answered requests the simulator must reproduce "
+                                        "in a window where every SLO was met.")
     min_answered: int = Field(default=DEFAULT_MIN_ANSWERED, ge=1,
                               description="Fewest answered requests in the window for a fit; fewer keep the factor.")
+    match_attainment: bool = Field(default=True,
+                                   description="Fit a window that missed some SLOs on its SLO attainment (rejections "
+                                               "count as misses); false: always on the latency quantile.")
     smoothing: float = Field(default=DEFAULT_SMOOTHING, ge=0, lt=1,
                              description="Weight of the factor in force against a new window's fit (0: take the "
                                          "new fit as it is).")

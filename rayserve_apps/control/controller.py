@@ -16,7 +16,8 @@ Before each decision the policy refits its service-time factor from the latencie
 window just past (`placement.alpaserve.service_calibration`), unless a rollout ran in it; the factor is logged
 (`service_scale`, `service_calibration`).
 Between two periods a two-window rate test on the reported traffic (`detect_rate_shifts`) may trigger the decision
-early (trigger 'shift' in the log), at most once per `cooldown_s` after the last decision.
+early (trigger 'shift' in the log), at most once per `cooldown_s` after the last decision; such a decision judges
+the candidates on the traffic since the shift (the test's later window), not on the whole period.
 
 Runtime allocation (each text model with `policies.polymorphing: {name: arlo}` outside the groups; Arlo §3.3):
 `runtime_allocations.py` re-solves the model's runtime counts from the input lengths of its last allocation period
@@ -206,7 +207,8 @@ class PlacementController:
             if shifts:
                 logger.info("placement controller: rate shift %s: deciding now", [s.to_json() for s in shifts])
                 try:
-                    await self._logged("shift", lambda: self._decide_and_apply(shifts=[s.to_json() for s in shifts]))
+                    await self._logged("shift", lambda: self._decide_and_apply(
+                        shifts=[s.to_json() for s in shifts], fit_window_s=shift_window_s))
                 except Exception:  # noqa: BLE001 - one failed decision must not stop the controller
                     logger.exception("placement controller: decision failed")
                 deadline = time.monotonic() + self.settings.period_s
@@ -253,7 +255,10 @@ class PlacementController:
             entry.update(duration_s=time.time() - started, version_after=self.version)
             return self.log.record(entry)
 
-    async def _decide_and_apply(self, shifts: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    async def _decide_and_apply(self, shifts: list[dict[str, Any]] | None = None,
+                                fit_window_s: float | None = None) -> dict[str, Any]:
+        """One group decision on the window just past; after a rate shift (`shifts`), the candidates are judged on
+        the traffic since the shift (`fit_window_s`: the shift test's window)."""
         now = time.time()
         self.last_group_decision_s = now
         traffic = self.window.observed(now, self.models, self.slo_s)
@@ -266,7 +271,7 @@ class PlacementController:
         calibration = None
         if now - self.layout_changed_s >= self.settings.period_s:
             calibration = await asyncio.to_thread(self.policy.calibrate, current, traffic)
-        decision = await asyncio.to_thread(self.policy.decide, current, traffic)
+        decision = await asyncio.to_thread(self.policy.decide, current, traffic, fit_window_s)
         entry: dict[str, Any] = {"observed": observed, "reason": decision.reason, "chosen": decision.chosen,
                                  "in_sample_choice": decision.in_sample_choice, "horizon_s": decision.horizon_s,
                                  "predicted_gain": decision.predicted_gain, "planning_s": decision.planning_s,
