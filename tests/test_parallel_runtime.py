@@ -82,24 +82,36 @@ def test_a_request_a_stage_fails_on_fails_alone_and_the_group_goes_on(group, tin
     assert group.links.broken is None
 
 
-def _wait_until_dead(actor, timeout_s: float = KILL_TIMEOUT_S) -> None:
-    """`ray.kill` returns before the actor is gone; a request over the links could still pass through it."""
+def _process_gone(pid: int) -> bool:
+    """The process has exited (or is a zombie waiting for its parent to reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def _kill_and_wait(actor, timeout_s: float = KILL_TIMEOUT_S) -> None:
+    """Kill `actor` and wait until its process is gone. `ray.kill` returns at once, and Ray reports the actor dead
+    before its process exits: a request over the activation links (which bypass Ray) could still pass through it."""
     from ray.exceptions import RayActorError
 
+    pid = ray.get(actor.ping.remote())
+    ray.kill(actor)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
             ray.get(actor.ping.remote(), timeout=timeout_s)
         except RayActorError:
-            return
+            if _process_gone(pid):
+                return
         time.sleep(KILL_POLL_S)
-    raise AssertionError(f"actor still answers {timeout_s} s after ray.kill")
+    raise AssertionError(f"actor process {pid} still there {timeout_s} s after ray.kill")
 
 
 def test_dead_actor_is_a_clear_error_and_the_group_rebuilds(group, tiny):
     _, _, states, expected = tiny
-    ray.kill(group.actors[1][0])
-    _wait_until_dead(group.actors[1][0])
+    _kill_and_wait(group.actors[1][0])
     with pytest.raises(GroupFailedError, match=r"stage 1 shard 0 .*died"):
         group.infer(states[0])
     group.rebuild()
