@@ -161,17 +161,21 @@ async def measure_transition(spec: dict) -> tuple[float, TransitionModel]:
             await asyncio.sleep(0.1)
         return time.perf_counter() - started
 
-    async def lone_latencies(until: asyncio.Event | None, count: int) -> list[float]:
-        token_ids = token_ids_of_request()
+    token_ids = token_ids_of_request()
+
+    def lone_request():
+        return timed(serving_group.embed_token_ids.remote(MODELS[0], token_ids))
+
+    async def lone_latencies_until(done: asyncio.Event) -> list[float]:
         latencies: list[float] = []
-        while (until is None and len(latencies) < count) or (until is not None and not until.is_set()):
-            latencies.append(await timed(serving_group.embed_token_ids.remote(MODELS[0], token_ids)))
+        while not done.is_set():
+            latencies.append(await lone_request())
         return latencies
 
     await apply([MODELS, MODELS[:2]], [1, 1], 1)  # minilm-c leaves group 1
-    baseline = await lone_latencies(None, SLOWDOWN_BASELINE_REQUESTS)
+    baseline = [await lone_request() for _ in range(SLOWDOWN_BASELINE_REQUESTS)]
     loaded = asyncio.Event()
-    during = asyncio.ensure_future(lone_latencies(loaded, 0))
+    during = asyncio.ensure_future(lone_latencies_until(loaded))
     load_step_s = await apply([MODELS, MODELS], [1, 2], 2)  # and loads again: a rehost step
     loaded.set()
     slowdown = max(1.0, float(np.median(await during)) / float(np.median(baseline)))
@@ -539,12 +543,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-async def controller_trace(handle, controller, profiles: dict, transition, overhead_s: float, slo_s: float,
+async def controller_trace(handle, controller, profile_sets: dict, transition, overhead_s: float, slo_s: float,
                            total_rate: float, duration_s: float, period_s: float, memory_bytes: int, seed: int) -> dict:
-    """Steps 3-5 for one trace: plan for its first half, static run, controller run, both simulated. `profiles`:
-    "lone" (the controller's base), "calibrated" (offline) and "throughput_scaled" profile sets."""
-    lone_profiles, throughput_profiles = profiles["lone"], profiles["throughput_scaled"]
-    profiles = profiles["calibrated"]
+    """Steps 3-5 for one trace: plan for its first half, static run, controller run, both simulated. `profile_sets`:
+    "lone" (the controller's base), "calibrated" (offline) and "throughput_scaled"."""
+    lone_profiles, throughput_profiles = profile_sets["lone"], profile_sets["throughput_scaled"]
+    profiles = profile_sets["calibrated"]
     from placement.alpaserve.planner import PlannerConfig, plan
     from placement.core.placement_plan import Placement
 
@@ -698,11 +702,12 @@ async def run(args) -> dict:
     calibration = await calibration_replay(handle, initial, lone_profiles, overhead_s, total_rate, slo_s,
                                            seed=args.seed + CALIBRATION_SEED_OFFSET)
     service_s = {m: s * calibration.scale for m, s in lone_s.items()}
-    profiles = {"lone": lone_profiles, "calibrated": measured_profiles(service_s, batch_ratio, weight_bytes, load_s),
-                "throughput_scaled": throughput_profiles}
+    profile_sets = {"lone": lone_profiles,
+                    "calibrated": measured_profiles(service_s, batch_ratio, weight_bytes, load_s),
+                    "throughput_scaled": throughput_profiles}
 
     log.info("3-5/7 %d traces (static run, controller run, both simulated)", NUM_TRACES)
-    traces = [await controller_trace(handle, controller, profiles, transition, overhead_s, slo_s, total_rate,
+    traces = [await controller_trace(handle, controller, profile_sets, transition, overhead_s, slo_s, total_rate,
                                      duration_s, period_s, memory_bytes, seed=args.seed + k) for k in range(NUM_TRACES)]
 
     log.info("6/7 re-placement under steady load")
