@@ -48,12 +48,14 @@ class ModelParallelGroup:
 
     placement_group / bundle_indices: pin actor k (stage-major: stage s shard r is k = s * degree + r) to
     `bundle_indices[k]` of `placement_group`, e.g. the bundles of the Ray Serve replica that owns the group.
+    reuse_actors: the running actors another group handed over (`release`), one per stage on the same bundles; they
+    load this model's stages in place (`StageShard.reload`) instead of new actor processes starting.
     """
 
     def __init__(self, source: ModelSource, plan: ParallelPlan, placement_group: PlacementGroup | None = None,
                  bundle_indices: Sequence[int] | None = None, num_cpus_per_actor: float = DEFAULT_ACTOR_NUM_CPUS,
                  num_threads_per_actor: int = 1, actor_resources: dict[str, float] | None = None,
-                 num_gpus_per_actor: float = 0.0):
+                 num_gpus_per_actor: float = 0.0, reuse_actors: Sequence[Sequence] | None = None):
         if bundle_indices is not None and placement_group is None:
             raise ValueError("bundle_indices needs a placement_group")
         if placement_group is not None:
@@ -71,7 +73,7 @@ class ModelParallelGroup:
         self.actors: list[list] = []
         self.weight_bytes: list[list[int]] = []
         self.links: PipelineLinks | None = None
-        self._start()
+        self._start(reuse_actors)
 
     # ---- life cycle ----
 
@@ -84,12 +86,24 @@ class ModelParallelGroup:
                 placement_group=self.placement_group, placement_group_bundle_index=self.bundle_indices[index])
         return options
 
-    def _start(self) -> None:
+    def can_reuse(self, actors: Sequence[Sequence]) -> bool:
+        """Whether `actors` (another group's `release()`, on the same bundles) can run this group's plan: one
+        unsharded actor per stage, as many stages."""
+        return self.plan.intra_op_degree == 1 and len(actors) == len(self.plan.stages) and all(
+            len(row) == 1 for row in actors)
+
+    def _start(self, reuse_actors: Sequence[Sequence] | None = None) -> None:
         degree = self.plan.intra_op_degree
+        if reuse_actors is not None and not self.can_reuse(reuse_actors):
+            raise ValueError(f"group {self.source.name!r}: {[len(row) for row in reuse_actors]} actors per stage "
+                             f"cannot run a plan of {len(self.plan.stages)} stages x {degree} shards")
         self.actors = []
         for s, stage in enumerate(self.plan.stages):
             row = []
             for rank in range(degree):
+                if reuse_actors is not None:
+                    row.append(reuse_actors[s][rank])
+                    continue
                 options = self._actor_options(s * degree + rank)
                 row.append(StageActor.options(**options).remote(self.source, stage, s, rank, degree,
                                                                 self.num_threads_per_actor,
@@ -98,7 +112,10 @@ class ModelParallelGroup:
             self.actors.append(row)
         try:
             setups = []
-            for row in self.actors:
+            for s, row in enumerate(self.actors):
+                if reuse_actors is not None:  # the processes are up: each loads this model's stage in place
+                    setups.append([actor.reload.remote(self.source, self.plan.stages[s], s) for actor in row])
+                    continue
                 address, port = (None, None)
                 if degree > 1:
                     address, port = ray.get(row[0].rendezvous_address.remote())
@@ -122,6 +139,15 @@ class ModelParallelGroup:
                 except Exception:  # noqa: BLE001 - already dead is fine
                     pass
         self.actors = []
+
+    def release(self) -> list[list]:
+        """Close the links and hand over the actors, alive and still holding their layers, for another model to
+        reload (`reuse_actors`); this group is shut down afterwards."""
+        if self.links is not None:
+            self.links.close()
+            self.links = None
+        actors, self.actors = self.actors, []
+        return actors
 
     def rebuild(self) -> None:
         """Kill whatever is left of the group and start it again with fresh actors."""

@@ -110,6 +110,23 @@ class StageShard(StageLinkEndpoint):
                     self.degree, self.stage.start_layer, self.stage.end_layer, self.weight_bytes, os.getpid())
         return self.weight_bytes
 
+    def reload(self, source: ModelSource, stage: StagePlan, stage_index: int) -> int:
+        """Free this actor's layers and load another model's stage in the same process (its imports, its Ray
+        worker and its device bundle stay): a group that swaps one model for another reuses the dropped model's
+        actors instead of starting processes, the seconds-long part of a load. Unsharded stages only: a shard's
+        process group is bound to its peers. Returns the weight bytes it holds."""
+        if self.degree != 1:
+            raise ValueError(f"stage {self.stage_index} shard {self.rank}: a tensor-parallel shard (degree "
+                             f"{self.degree}) cannot be reloaded with another model")
+        self.layers = None
+        self.weight_bytes = 0
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.source, self.stage, self.stage_index = source, stage, stage_index
+        self.calls.clear()
+        return self.setup()
+
     def forward(self, state: ActivationState) -> ActivationState | None:
         """Run this stage on one batch; shards other than 0 return None (their output equals shard 0's)."""
         if self.layers is None:

@@ -92,7 +92,8 @@ def test_polymorph_runtime_replicas_reserve_the_gpu_share():
 
 @pytest.mark.parametrize("resource", ["GPU", "device"])
 def test_group_stage_actors_take_their_models_share_of_the_device(monkeypatch, resource):
-    monkeypatch.setattr(ModelParallelGroup, "_start", lambda self: None)  # options only: no actors, no Ray
+    # Options only: no actors, no Ray.
+    monkeypatch.setattr(ModelParallelGroup, "_start", lambda self, reuse_actors=None: None)
     reservation = device_reservation(resource, 1.0 / MAX_MODELS_PER_GROUP)
     group = ModelParallelGroup(ModelSource(name="m", kind="vision", source="timm:vit_tiny_patch16_224"),
                                ParallelPlan.even(4, pipeline_stages=2), num_cpus_per_actor=0.0,

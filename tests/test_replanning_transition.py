@@ -30,32 +30,49 @@ def group(*models: str) -> GroupPlacement:
 def test_a_rehost_loads_only_what_it_adds_and_serves_what_stays_routed_meanwhile():
     current = SlotLayout(slots=[group("a"), group("b")])
     target = Placement(groups=[group("a", "c"), group("b")])
-    transition = TransitionModel(step_overhead_s=1.0, load_bandwidth_bytes_per_s=GIB / 4)
+    transition = TransitionModel(step_overhead_s=1.0, actor_start_s=2.0, load_bandwidth_bytes_per_s=GIB / 4)
     spans, rollout_s = rollout_timeline(current, target, profiles(), 2, transition, horizon_s=30.0)
-    assert rollout_s == pytest.approx(1.0 + 4.0)  # the overhead and c's 1 GiB at a quarter GiB per second
+    # The overhead, c's new actor process, and its 1 GiB at a quarter GiB per second.
+    assert rollout_s == pytest.approx(1.0 + 2.0 + 4.0)
     # The step's overhead (config updates, routing) serves at full speed; only its load slows the devices.
-    assert [(s.start_s, s.end_s, s.loading) for s in spans] == [(0.0, 1.0, False), (1.0, 5.0, True),
-                                                                (5.0, 30.0, False)]
+    assert [(s.start_s, s.end_s, s.loading) for s in spans] == [(0.0, 1.0, False), (1.0, 7.0, True),
+                                                                (7.0, 30.0, False)]
     for span in spans[:2]:
         assert [g.models for g in span.placement.groups] == [["a"], ["b"]]  # c does not serve before it is loaded
     assert sorted(map(sorted, (g.models for g in spans[2].placement.groups))) == [["a", "c"], ["b"]]
     # A load time measured with the profile wins over the stand-in bandwidth.
     _, measured = rollout_timeline(current, target, profiles({"c": 9.0}), 2, transition, horizon_s=30.0)
-    assert measured == pytest.approx(1.0 + 9.0)
+    assert measured == pytest.approx(1.0 + 2.0 + 9.0)
+
+
+def test_a_swap_reloads_the_dropped_models_actors_instead_of_starting_processes():
+    """The group replica recycles the actors of a model it drops for the model it adds (`GroupReplica.reconfigure`),
+    so a swap costs the weights alone; a second added model still starts its own actors."""
+    transition = TransitionModel(step_overhead_s=0.0, actor_start_s=5.0, load_bandwidth_bytes_per_s=GIB)
+    current = SlotLayout(slots=[group("a", "b"), group("c")])
+    _, swap_s = rollout_timeline(current, Placement(groups=[group("a", "c"), group("c")]), profiles(), 2, transition,
+                                 horizon_s=10.0)
+    assert swap_s == pytest.approx(1.0)  # c's weights into b's actors
+    _, grow_s = rollout_timeline(SlotLayout(slots=[group("a"), group("c")]),
+                                 Placement(groups=[group("b", "c"), group("c")]), profiles(), 2, transition,
+                                 horizon_s=10.0)
+    assert grow_s == pytest.approx(1.0 + 5.0 + 1.0)  # b reuses a's actors, c starts its own
 
 
 def test_a_new_group_restarts_a_replica_and_loads_all_its_models():
     current = SlotLayout(slots=[group("a"), None])
     target = Placement(groups=[group("a"), group("b", "c")])
-    transition = TransitionModel(step_overhead_s=0.0, replica_start_s=3.0, load_bandwidth_bytes_per_s=GIB)
+    transition = TransitionModel(step_overhead_s=0.0, replica_start_s=3.0, actor_start_s=0.5,
+                                 load_bandwidth_bytes_per_s=GIB)
     spans, rollout_s = rollout_timeline(current, target, profiles(), 2, transition, horizon_s=10.0)
-    assert rollout_s == pytest.approx(3.0 + 2.0)
+    assert rollout_s == pytest.approx(3.0 + 2 * 0.5 + 2.0)  # the replica, then b's and c's actors and weights
 
 
 def test_requests_that_arrive_while_nothing_serves_them_are_missed_and_loading_slows_serving():
     current = SlotLayout(slots=[group("a"), group("b")])
     target = Placement(groups=[group("a", "c"), group("b")])
-    transition = TransitionModel(step_overhead_s=0.0, load_bandwidth_bytes_per_s=GIB / 10, loading_slowdown=3.0)
+    transition = TransitionModel(step_overhead_s=0.0, actor_start_s=0.0, load_bandwidth_bytes_per_s=GIB / 10,
+                                 loading_slowdown=3.0)
     spans, _ = rollout_timeline(current, target, profiles(), 2, transition, horizon_s=20.0)
     c_requests = Workload(["a", "b", "c"], np.array([1.0, 5.0, 15.0]), np.array([2, 2, 2]), np.full(3, 0.5))
     # only the one after t=10

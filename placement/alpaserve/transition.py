@@ -8,8 +8,9 @@ before break, the same steps the controller runs) into a timeline of placements 
 piecewise on it:
 
 - step k lasts `step_overhead_s` (Serve config updates and routing) plus the longest load among its changes: a rehost
-  loads the models it adds, a start or replace restarts a replica (`replica_start_s`) and loads all of its models; a
-  stop takes no load time;
+  loads the models it adds, each into the stage actors of a model it drops where there is one (the group replica
+  recycles them: weights only) and else into new actor processes (`actor_start_s` first); a start or replace
+  restarts a replica (`replica_start_s`) and starts and loads all of its models; a stop takes no load time;
 - during step k the ingress routes by `transition_routes(before, after)`: those groups serve, nothing else;
 - while a step loads (its load time, after its overhead) the devices serve at `1 / loading_slowdown` of their speed
   (every latency is scaled: on this project's stand-in machine all devices share two cores, so a load slows every
@@ -43,10 +44,15 @@ def change_s(transition: TransitionModel, profiles: ProfileSet, change: SlotChan
     """Seconds one slot change takes (see the module doc)."""
     if change.after is None:
         return 0.0
+    weights_s = lambda models: sum(transition.load_s(profiles, m, change.after) for m in models)  # noqa: E731
     if change.kind == "rehost":
-        added = set(change.after.models) - set(change.before.models if change.before is not None else [])
-        return sum(transition.load_s(profiles, m, change.after) for m in added)
-    return transition.replica_start_s + sum(transition.load_s(profiles, m, change.after) for m in change.after.models)
+        before = set(change.before.models if change.before is not None else [])
+        added, dropped = set(change.after.models) - before, before - set(change.after.models)
+        # The group replica recycles a dropped model's actors for an added one when no shard is tensor-parallel.
+        recycled = min(len(added), len(dropped)) if change.after.config.intra_op_degree == 1 else 0
+        return (len(added) - recycled) * transition.actor_start_s + weights_s(added)
+    return transition.replica_start_s + len(change.after.models) * transition.actor_start_s + weights_s(
+        change.after.models)
 
 
 @dataclass

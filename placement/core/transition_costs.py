@@ -17,6 +17,9 @@ from placement.core.profiles import ProfileSet
 DEFAULT_LOAD_BANDWIDTH_BYTES_PER_S = 200e6
 #: Stand-in seconds to start a group replica (a Serve replica on new devices) before it loads its models.
 DEFAULT_REPLICA_START_S = 5.0
+#: Stand-in seconds to start a model's stage actor processes (a Python process importing torch and the model
+#: library) before it loads its weights, where the step frees no actors the model can reuse.
+DEFAULT_ACTOR_START_S = 4.0
 #: Stand-in seconds of a rollout step besides loading: the three Serve config updates of `live_update.py`.
 DEFAULT_STEP_OVERHEAD_S = 2.0
 #: Stand-in slowdown of serving while a step loads (2 = devices serve at half speed).
@@ -34,6 +37,10 @@ class TransitionModel(BaseModel):
     replica_start_s: float = Field(default=DEFAULT_REPLICA_START_S, ge=0,
                                    description="Seconds to start a replica on new devices (start / replace), before "
                                                "loading.")
+    actor_start_s: float = Field(default=DEFAULT_ACTOR_START_S, ge=0,
+                                 description="Seconds to start a model's stage actor processes before it loads, "
+                                             "where no dropped model's actors are reused (a rehost that drops one "
+                                             "model and adds another reloads the dropped model's actors).")
     step_overhead_s: float = Field(default=DEFAULT_STEP_OVERHEAD_S, ge=0,
                                    description="Seconds of each rollout step besides loading (config updates, "
                                                "routing).")
@@ -42,7 +49,8 @@ class TransitionModel(BaseModel):
                                                 "devices).")
 
     def load_s(self, profiles: ProfileSet, model: str, group: GroupPlacement) -> float:
-        """Seconds to load `model` on `group`: the profile's measured load_s, or weight bytes / bandwidth."""
+        """Seconds to load `model`'s weights on `group` into running stage actors: the profile's measured load_s,
+        or weight bytes / bandwidth."""
         profile = profiles.models[model].get(group.config)
         if profile.load_s is not None:
             return profile.load_s

@@ -26,6 +26,8 @@ logger = logging.getLogger("ray.serve")
 #: Seconds the loop sleeps when items wait but the former could run none of them yet (e.g. OTAS waiting for a
 #: batch to fill), before it asks again.
 IDLE_RECHECK_S = 0.005
+#: Poll interval of `ServingEngine.drain`, seconds.
+DRAIN_POLL_S = 0.02
 
 
 @dataclass(eq=False)
@@ -142,9 +144,19 @@ class ServingEngine:
         return not (self._loop_task is not None and self._loop_task.done() and not self._loop_task.cancelled())
 
     def stop(self) -> None:
+        """Stop at once: batches in flight fail with an error saying so, queued items are left unanswered (`drain`
+        first to answer both)."""
         for task in [self._loop_task, *self._batch_tasks]:
             if task is not None:
                 task.cancel()
+
+    async def drain(self, timeout_s: float) -> None:
+        """Answer what is queued and in flight, then stop; after `timeout_s` stop anyway (batches still in flight
+        then fail with an error saying so). The model's router must already have stopped sending it requests."""
+        deadline = time.monotonic() + timeout_s
+        while (self.former.queued() or self._in_flight) and time.monotonic() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
+        self.stop()
 
     # ---- the loop ----
 
@@ -196,6 +208,11 @@ class ServingEngine:
             results = await self.backend.execute(batch)
             if len(results) != len(batch.items):
                 raise RuntimeError(f"backend returned {len(results)} results for {len(batch.items)} items")
+        except asyncio.CancelledError:
+            for item in batch.items:
+                if not item.future.done():
+                    item.future.set_exception(RuntimeError(f"engine {self.name} was stopped; retry the request"))
+            raise
         except Exception as error:  # noqa: BLE001 - a failed batch fails its own items, never the replica
             logger.exception("engine %s: a batch of %d items failed", self.name, len(batch.items))
             self.totals.failed_batches += 1
