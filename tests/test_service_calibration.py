@@ -109,6 +109,20 @@ def test_a_window_that_missed_slos_is_fitted_on_its_attainment():
     assert calibration.observed_attainment < 0.9 and calibration.scale == pytest.approx(1.0, rel=0.1)
 
 
+def test_a_window_cut_from_running_traffic_scores_only_requests_after_its_warmup():
+    """The requests of a window's first seconds fill the simulated queues (the live ones held the earlier requests'
+    backlog) but are not scored: here they all missed, every later one met its SLO."""
+    workload = trace(20.0, seed=9)
+    latency = live_latencies(workload, LONE, PLAIN)
+    early = workload.arrival_s < workload.arrival_s.min() + 5.0
+    latency[early] = np.nan
+    whole = calibrate_service_scale(both_everywhere(), LONE, workload, latency, PLAIN)
+    assert whole.target == "attainment" and whole.observed_attainment < 0.95
+    warmed = calibrate_service_scale(both_everywhere(), LONE, workload, latency, PLAIN, warmup_s=5.0)
+    assert warmed.observed_attainment == 1.0 and warmed.target == "latency_quantile"
+    assert warmed.answered == int((~early).sum()) and warmed.scale == pytest.approx(1.0, rel=0.1)
+
+
 def test_a_target_beyond_the_searched_range_gives_its_bound():
     workload = trace(20.0, seed=3)
     latency = np.full(len(workload), 1e-6)  # faster than any factor can make the simulator
@@ -140,6 +154,18 @@ def test_observed_window_becomes_a_workload_in_arrival_order_with_its_latencies(
     np.testing.assert_allclose(latency, [0.02, 0.04, np.nan])
     with pytest.raises(ValueError, match="latency_s"):
         observed_workload(ObservedTraffic(MODELS, observed.arrival_s, 10.0, [SLO_S] * 2))
+
+
+def test_a_settled_window_leaves_out_its_newest_arrivals_whose_slow_answers_are_not_in_yet():
+    window = TrafficWindow(10.0)
+    window.add([RequestRecord("a", 101.0, "ok", latency_ms=20.0, slo_met=True),
+                RequestRecord("a", 108.5, "ok", latency_ms=20.0, slo_met=True),  # its slow peers still run
+                RequestRecord("b", 109.0, "rejected")])
+    settled = window.observed(110.0, MODELS, [SLO_S] * 2, settle_s=2.0)
+    assert [a.tolist() for a in settled.arrival_s] == [[1.0], []] and settled.duration_s == 8.0
+    assert [a.tolist() for a in window.observed(110.0, MODELS, [SLO_S] * 2).arrival_s] == [[1.0, 8.5], [9.0]]
+    with pytest.raises(ValueError, match="settle_s"):
+        window.observed(110.0, MODELS, [SLO_S] * 2, settle_s=10.0)
 
 
 def observed_from(workload, latency) -> ObservedTraffic:

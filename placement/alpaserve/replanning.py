@@ -162,16 +162,19 @@ class ReplanPolicy:
         self._loading_profiles = (scaled_profiles(self.profiles, self.transition.loading_slowdown)
                                   if self.transition is not None else None)
 
-    def calibrate(self, current: Placement, traffic: ObservedTraffic) -> ServiceCalibration | None:
+    def calibrate(self, current: Placement, traffic: ObservedTraffic,
+                  warmup_s: float = 0.0) -> ServiceCalibration | None:
         """Refit the service-time factor on the observation's answered latencies, served by `current` (the window
         just past: it calibrates the next decision, never the one it is judged on), blended with the factor in force
-        by `calibration.smoothing` (geometric). None (factor unchanged) without enough answers or latencies."""
+        by `calibration.smoothing` (geometric); the window's first `warmup_s` seconds only fill the simulated queues.
+        None (factor unchanged) without enough answers or latencies."""
         settings = self.calibration
         if settings is None or traffic.latency_s is None:
             return None
         workload, latency = observed_workload(traffic)
         fitted = calibrate_service_scale(current, self.base_profiles, workload, latency, self.planner.simulator,
-                                         settings.quantile, settings.min_answered, settings.match_attainment)
+                                         settings.quantile, settings.min_answered, settings.match_attainment,
+                                         warmup_s)
         if fitted is None:
             return None
         keep = settings.smoothing if self.last_calibration is not None else 0.0

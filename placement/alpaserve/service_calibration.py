@@ -60,11 +60,13 @@ class ServiceCalibration:
 
 
 def simulated_latency_quantile(placement: Placement, profiles: ProfileSet, workload: Workload,
-                               config: SimulatorConfig, quantile: float, scale: float = 1.0) -> float:
-    """The `quantile` of the simulated latencies (finish minus arrival) of the requests served, NaN if none."""
+                               config: SimulatorConfig, quantile: float, scale: float = 1.0,
+                               scored: np.ndarray | None = None) -> float:
+    """The `quantile` of the simulated latencies (finish minus arrival) of the requests served (of the `scored`
+    ones, a mask; default all), NaN if none."""
     profiles = scaled_profiles(profiles, scale) if scale != 1.0 else profiles
     result = simulate(placement, profiles, workload, config)
-    served = result.status == SERVED
+    served = (result.status == SERVED) & (True if scored is None else scored)
     if not served.any():
         return float("nan")
     return float(np.quantile(result.finish_s[served] - workload.arrival_s[served], quantile))
@@ -73,32 +75,37 @@ def simulated_latency_quantile(placement: Placement, profiles: ProfileSet, workl
 def calibrate_service_scale(placement: Placement, profiles: ProfileSet, workload: Workload, latency_s: np.ndarray,
                             config: SimulatorConfig | None = None, quantile: float = DEFAULT_QUANTILE,
                             min_answered: int = DEFAULT_MIN_ANSWERED,
-                            match_attainment: bool = True) -> ServiceCalibration | None:
+                            match_attainment: bool = True, warmup_s: float = 0.0) -> ServiceCalibration | None:
     """The factor on `profiles`' latencies at which the simulator, replaying `workload` on `placement`, reaches the
     SLO attainment the live system did (`latency_s`: per request of `workload`, seconds; NaN for requests not
     answered) or, when every request met its SLO (or without `match_attainment`), answers with the same latency
     `quantile`. None when fewer than `min_answered` were answered. Both figures move one way with the factor (queues
     only lengthen as every request gets slower), so a bisection on log(factor) finds it; a target outside
-    [MIN_SCALE, MAX_SCALE] gives the bound."""
+    [MIN_SCALE, MAX_SCALE] gives the bound. With `warmup_s`, the requests of the workload's first `warmup_s` seconds
+    are simulated but not scored: a window cut out of running traffic starts with the queues its earlier requests
+    left, which the simulator (starting empty) builds from them."""
     if not 0 < quantile < 1:
         raise ValueError(f"quantile={quantile}: must be in (0, 1)")
     latency_s = np.asarray(latency_s, dtype=float)
     if latency_s.shape != (len(workload),):
         raise ValueError(f"latency_s: {latency_s.shape[0] if latency_s.ndim else 0} values for {len(workload)} "
                          "requests")
-    answered = np.isfinite(latency_s)
+    scored = workload.arrival_s >= (workload.arrival_s.min() if len(workload) else 0.0) + warmup_s
+    answered = np.isfinite(latency_s) & scored
     if answered.sum() < min_answered or not placement.groups:
         return None
     config = config or SimulatorConfig()
     observed_quantile = float(np.quantile(latency_s[answered], quantile))
-    observed_attainment = float(np.mean(answered & (np.nan_to_num(latency_s, nan=np.inf) <= workload.slo_s)))
+    met = answered & (np.nan_to_num(latency_s, nan=np.inf) <= workload.slo_s)
+    observed_attainment = float(met[scored].mean())
 
     def latency_at(scale: float) -> float:
-        value = simulated_latency_quantile(placement, profiles, workload, config, quantile, scale)
+        value = simulated_latency_quantile(placement, profiles, workload, config, quantile, scale, scored)
         return np.inf if np.isnan(value) else value
 
     def attainment_at(scale: float) -> float:
-        return simulate(placement, scaled_profiles(profiles, scale), workload, config).slo_attainment()
+        result = simulate(placement, scaled_profiles(profiles, scale), workload, config)
+        return float((result.status == SERVED)[scored].mean())
 
     # Misses that no service speed avoids (a model no group hosts) say nothing about the factor.
     by_attainment = (match_attainment and observed_attainment < 1.0

@@ -14,7 +14,8 @@ Group placement (an application with a placement; AlpaServe §4.2). Every period
 4. writes the decision to the decision log (`decision_log.py`).
 Before each decision the policy refits its service-time factor from the latencies the ingress reported in the
 window just past (`placement.alpaserve.service_calibration`), unless a rollout ran in it; the factor is logged
-(`service_scale`, `service_calibration`).
+(`service_scale`, `service_calibration`). While an operator has paused the decisions the refit goes on every period
+(the placement stays frozen; the factor stays current for when decisions resume).
 Between two periods a two-window rate test on the reported traffic (`detect_rate_shifts`) may trigger the decision
 early (trigger 'shift' in the log), at most once per `cooldown_s` after the last decision; such a decision judges
 the candidates on the traffic since the shift (the test's later window), not on the whole period.
@@ -40,6 +41,7 @@ from ray import serve
 
 from placement.alpaserve.deployment_planning import replan_policy
 from placement.alpaserve.placement_rollout import Rollout, SlotLayout, plan_rollout, transition_routes
+from placement.alpaserve.service_calibration import ServiceCalibration
 from placement.arlo.live_allocator import AllocationDecision
 from placement.core.deployment_spec import DeploymentSpec, parse_spec
 from placement.core.placement_plan import GroupPlacement, Placement
@@ -63,6 +65,10 @@ logger = logging.getLogger("ray.serve")
 STEP_TIMEOUT_S = 300.0
 #: Poll interval while waiting for a step.
 STEP_POLL_S = 0.25
+#: SLOs after its arrival by which a request has ended (answered, refused or missed): the service-time refit leaves
+#: out the requests of the window's last CALIBRATION_SETTLE_SLOS SLOs (plus a report period), and scores none of its
+#: first as many seconds (their queues, built by earlier requests, are what the window's simulation starts without).
+CALIBRATION_SETTLE_SLOS = 2.0
 #: Seconds between two rate-shift tests within a period.
 SHIFT_POLL_S = 1.0
 
@@ -152,7 +158,8 @@ class PlacementController:
         """What the controller believes runs: for tests, people and `GET /v1/placement`."""
         return {"layout": self.layout.model_dump(mode="json"), "routes": self.routes, "version": self.version,
                 "slot_versions": self.slot_versions, "models": self.models, "recovered": self.recovered,
-                "period_s": self.settings.period_s, "paused": self.paused, "runtimes": self.runtimes.state()}
+                "period_s": self.settings.period_s, "paused": self.paused, "runtimes": self.runtimes.state(),
+                "service_scale": self.policy.service_scale if self.policy is not None else None}
 
     def pause(self, paused: bool = True) -> bool:
         """Stop (or resume) the periodic decisions; returns the new setting."""
@@ -180,6 +187,11 @@ class PlacementController:
         while True:
             await self._wait_for_period_or_shift()
             if self.paused:
+                if self.groups_enabled:
+                    try:
+                        await self._recalibrate()
+                    except Exception:  # noqa: BLE001 - a failed refit must not stop the controller
+                        logger.exception("placement controller: service-time refit failed")
                 continue
             for enabled, decide in ((self.groups_enabled, self.replan_now),
                                     (bool(self.runtimes.models), self.reallocate_runtimes)):
@@ -266,11 +278,8 @@ class PlacementController:
                            "failed": s.failed, "attainment": s.attainment}
                     for name, s in self.window.stats(now).items()}
         current = self.layout.placement()
-        # The window just past recalibrates the service times before the candidates are judged (the policy's own
-        # simulator, on the placement that served the window); not a window a rollout ran in (loading slows serving).
-        calibration = None
-        if now - self.layout_changed_s >= self.settings.period_s:
-            calibration = await asyncio.to_thread(self.policy.calibrate, current, traffic)
+        # The window just past recalibrates the service times before the candidates are judged.
+        calibration = await self._recalibrate(now)
         decision = await asyncio.to_thread(self.policy.decide, current, traffic, fit_window_s)
         entry: dict[str, Any] = {"observed": observed, "reason": decision.reason, "chosen": decision.chosen,
                                  "in_sample_choice": decision.in_sample_choice, "horizon_s": decision.horizon_s,
@@ -291,6 +300,23 @@ class PlacementController:
             return entry
         entry.update(await self._apply(decision.placement))
         return entry
+
+    async def _recalibrate(self, now: float | None = None) -> ServiceCalibration | None:
+        """Refit the policy's service-time factor on the window just past (its own simulator, on the placement that
+        served the window); not on a window a rollout ran in (loading slows serving). The requests of the window's
+        last seconds are left out until every one of them has ended and been reported (`CALIBRATION_SETTLE_SLOS`
+        SLOs plus a report period): the window's newest records are its fast answers. Its first as many seconds only
+        fill the simulated queues (the live ones held the earlier requests' backlog). None: nothing refitted."""
+        now = time.time() if now is None else now
+        if now - self.layout_changed_s < self.settings.period_s:
+            return None
+        settle_s = min(CALIBRATION_SETTLE_SLOS * max(self.slo_s) + self.settings.stats_report_period_s,
+                       self.settings.period_s / 4)
+        traffic = self.window.observed(now, self.models, self.slo_s, settle_s=settle_s)
+        calibration = await asyncio.to_thread(self.policy.calibrate, self.layout.placement(), traffic, settle_s)
+        if calibration is not None and self.paused:
+            logger.info("placement controller (paused): service-time factor x%.3f", self.policy.service_scale)
+        return calibration
 
     async def _apply(self, target: Placement) -> dict[str, Any]:
         rollout = plan_rollout(self.layout, target, self.spec.cluster.num_devices, self.settings.max_changes_per_step)
