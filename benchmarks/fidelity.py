@@ -6,9 +6,10 @@ half time. Each request embeds a batch of passages, so that its model compute ou
 (as on a GPU cluster) and a model hosted on one device is bounded by that device. Steps, side by side in one run:
 
 1. **Measure profiles** on the live system: one deployment hosting every model on both devices; lone requests
-   through the ingress and straight to a group replica give each model's service time and the ingress overhead; a
-   timed rollout step that loads a model into a running group gives each model's load time, the step's other
-   seconds and how much slower the other group serves meanwhile (the controller prices rollouts with them). A
+   through the ingress and straight to a group replica give each model's service time and the ingress overhead;
+   timed rollout steps give each model's load time into running stage actors (a swap), the seconds to start new
+   actors (an added model), the step's other seconds and how much slower the other group serves meanwhile (the
+   controller prices rollouts with them). A
    closed-loop probe with every device busy sets the capacity, hence the offered load and the SLO.
 2. **Deploy** the application with the placement the planner picks for the first half and the controller on (its
    profiles: the lone-request times, which it recalibrates online from the ingress's records every decision).
@@ -131,11 +132,13 @@ def model_weight_bytes() -> int:
 
 async def measure_transition(spec: dict) -> tuple[float, TransitionModel]:
     """What a rollout step costs, measured on the profiling deployment (every model on both devices) as the
-    controller runs a step: the seconds to load a model into a running group (`load_s`, kept with the profiles:
-    apply, start its stage actor, load the weights, until the group reports the new version, minus one config round
-    trip), the seconds of a step besides loading (two ingress-only applies: routing before and after the change),
-    and the slowdown of serving while a model loads (median latency of lone requests straight to the other group,
-    during the load against just before it)."""
+    controller runs a step: the seconds to load a model's weights into a running group's stage actors (`load_s`,
+    kept with the profiles: a swap, whose arriving model reloads the leaving model's actors, until the group
+    reports the new version, minus one config round trip), the seconds to start a model's stage actor processes
+    (`actor_start_s`: a model added with none leaving, minus the swap), the seconds of a step besides loading (two
+    ingress-only applies: routing before and after the change), and the slowdown of serving while a model starts
+    and loads (median latency of lone requests straight to the other group, during the load against just before
+    it)."""
     from ray import serve
 
     from placement.alpaserve.placement_rollout import SlotLayout
@@ -172,18 +175,22 @@ async def measure_transition(spec: dict) -> tuple[float, TransitionModel]:
             latencies.append(await lone_request())
         return latencies
 
-    await apply([MODELS, MODELS[:2]], [1, 1], 1)  # minilm-c leaves group 1
+    a, b, c = MODELS
+    await apply([MODELS, [a, b]], [1, 1], 1)  # minilm-c leaves group 1
+    swap_step_s = await apply([MODELS, [a, c]], [1, 2], 2)  # a swap: c reloads b's stage actors
     baseline = [await lone_request() for _ in range(SLOWDOWN_BASELINE_REQUESTS)]
     loaded = asyncio.Event()
     during = asyncio.ensure_future(lone_latencies_until(loaded))
-    load_step_s = await apply([MODELS, MODELS], [1, 2], 2)  # and loads again: a rehost step
+    add_step_s = await apply([MODELS, MODELS], [1, 3], 3)  # b arrives with none leaving: new actor processes
     loaded.set()
     slowdown = max(1.0, float(np.median(await during)) / float(np.median(baseline)))
-    route_s = await apply([MODELS, MODELS], [1, 2], 3)  # the ingress alone
-    load_s = max(load_step_s - route_s, 0.0)
-    transition = TransitionModel(step_overhead_s=2 * route_s, loading_slowdown=slowdown)
-    log.info("rollout step: %.1f s to load a model into a running group (serving %.2fx slower meanwhile), %.1f s to "
-             "re-route", load_s, slowdown, route_s)
+    route_s = await apply([MODELS, MODELS], [1, 3], 4)  # the ingress alone
+    load_s = max(swap_step_s - route_s, 0.0)
+    transition = TransitionModel(step_overhead_s=2 * route_s, actor_start_s=max(add_step_s - swap_step_s, 0.0),
+                                 loading_slowdown=slowdown)
+    log.info("rollout step: %.1f s to load a model's weights into a running group's actors, %.1f s to start its "
+             "actors first (serving %.2fx slower meanwhile), %.1f s to re-route", load_s, transition.actor_start_s,
+             slowdown, route_s)
     return load_s, transition
 
 
@@ -373,7 +380,9 @@ async def calibration_replay(handle, placement, lone_profiles, overhead_s: float
 def simulate_piecewise(timeline: list[tuple], profiles, workload, overhead_s: float) -> np.ndarray:
     """SLO met per request, simulating each span of the trace on the placement in force during it; an entry
     (start, placement, factor) simulates its span with the profiles' latencies times `factor` (the service-time
-    factor in force, times the loading slowdown while a rollout step loads)."""
+    factor in force, times the loading slowdown while a rollout step loads). A new placement starts with empty
+    queues; a new factor on the same placement does not (the live system ran on): its span is simulated from the
+    placement's first span on, and only its own requests are scored."""
     from placement.alpaserve.simulator import SERVED, simulate
     from placement.alpaserve.transition import scaled_profiles
 
@@ -381,13 +390,18 @@ def simulate_piecewise(timeline: list[tuple], profiles, workload, overhead_s: fl
     scaled: dict[float, object] = {}
     met = np.zeros(len(workload), dtype=bool)
     bounds = [entry[0] for entry in timeline[1:]] + [np.inf]
-    begin = -np.inf
+    begin = stretch_begin = -np.inf
+    previous = None
     for (_, placement, factor), end in zip(timeline, bounds):
-        index = np.flatnonzero((workload.arrival_s >= begin) & (workload.arrival_s < end))
-        if len(index) and placement.groups:
+        if placement != previous:
+            stretch_begin, previous = begin, placement
+        run = np.flatnonzero((workload.arrival_s >= stretch_begin) & (workload.arrival_s < end))
+        scored = workload.arrival_s[run] >= begin
+        if scored.any() and placement.groups:
             if factor not in scaled:
                 scaled[factor] = scaled_profiles(profiles, factor) if factor != 1.0 else profiles
-            met[index] = simulate(placement, scaled[factor], workload.take(index), config).status == SERVED
+            served = simulate(placement, scaled[factor], workload.take(run), config).status == SERVED
+            met[run[scored]] = served[scored]
         begin = end
     return met
 
@@ -569,10 +583,10 @@ async def controller_trace(handle, controller, profile_sets: dict, transition, o
     await controller.apply_placement.remote(initial_groups, "benchmark reset")
     # The controller's window still holds the static run's last period (its c-heavy end): let it age out first.
     await asyncio.sleep(period_s)
-    history = await controller.history.remote()
-    first_id = len(history)
-    # The controller's service-time factor when the run starts (its last decision's), on its base profiles.
-    scale_before = next((d["service_scale"] for d in reversed(history) if d.get("service_scale") is not None), 1.0)
+    first_id = len(await controller.history.remote())
+    # The controller's service-time factor when the run starts (refitted every period while paused too), on its base
+    # profiles.
+    scale_before = (await controller.state.remote())["service_scale"]
     await controller.pause.remote(False)
     dynamic = await replay(handle, trace, slo_s)
     await controller.pause.remote(True)
