@@ -9,7 +9,8 @@ half time. Each request embeds a batch of passages, so that its model compute ou
    through the ingress and straight to a group replica give each model's service time and the ingress overhead;
    timed rollout steps give each model's load time into running stage actors (a swap), the seconds to start new
    actors (an added model), the step's other seconds and how much slower the other group serves meanwhile (the
-   controller prices rollouts with them). A
+   controller prices rollouts with them); lone requests to one device while the other idles and while it computes
+   give the host contention (the simulator's `host_contention_per_busy_device`: both devices share two cores). A
    closed-loop probe with every device busy sets the capacity, hence the offered load and the SLO.
 2. **Deploy** the application with the placement the planner picks for the first half and the controller on (its
    profiles: the lone-request times, which it recalibrates online from the ingress's records every decision).
@@ -34,7 +35,8 @@ run, real vs simulated), transition_cost_predicted and transition_cost_real (att
 rollout runs: the decision's prediction vs the live run against the target simulated as deployed), reaction_s (the
 shift at half time to the first re-placement applied after it), failed_accepted, unchanged_p99_ratio (step 6), and
 per trace its figures, decisions and re-placements. A PNG timeline (rate per model, attainment per window, real and
-simulated through the rollouts, re-placements) goes to benchmarks/out/fidelity.png.
+simulated through the rollouts, re-placements) goes to benchmarks/out/fidelity.png, every replayed request with the
+placements and factors in force to benchmarks/out/fidelity_records.json (to score other simulator settings offline).
 
     python benchmarks/fidelity.py --quick
 """
@@ -62,6 +64,7 @@ import numpy as np  # noqa: E402
 from benchmarks._common import emit_json, machine_description, make_parser, out_dir, setup_logging  # noqa: E402
 
 if TYPE_CHECKING:
+    from placement.alpaserve.simulator import SimulatorConfig
     from placement.core.transition_costs import TransitionModel
 
 MODELS = ["minilm-a", "minilm-b", "minilm-c"]
@@ -91,6 +94,10 @@ PROFILE_BATCH_REQUESTS = 8
 MAX_BATCH_REQUESTS = 6
 #: Lone requests timed before a model loads, against which the requests during the load give the loading slowdown.
 SLOWDOWN_BASELINE_REQUESTS = 10
+#: Lone requests timed with the other device idle, then busy (the host-contention probe; the median is kept).
+CONTENTION_REQUESTS = 30
+#: Requests in flight that keep the other device busy during the host-contention probe.
+CONTENTION_LOAD = 2
 #: Repeated traces (different seeds) in one run.
 NUM_TRACES = 3
 #: Seconds and concurrent clients of the closed-loop throughput probe.
@@ -195,9 +202,9 @@ async def measure_transition(spec: dict) -> tuple[float, TransitionModel]:
 
 
 def spec_dict(placement: dict | None, profiles_path: str | None, slo_ms: float, period_s: float, memory_bytes: int,
-              transition: TransitionModel | None = None, request_overhead_s: float = 0.0) -> dict:
+              transition: TransitionModel | None = None, simulated: SimulatorConfig | None = None) -> dict:
     """The application's spec; with `profiles_path`, the controller on, simulating the system as this benchmark does
-    (`sim_config`: batches of up to MAX_BATCH_REQUESTS, the ingress overhead)."""
+    (`simulated`, from `sim_config`: batches of up to MAX_BATCH_REQUESTS, the ingress overhead, host contention)."""
     spec: dict = {
         "cluster": {"num_devices": NUM_DEVICES, "device_resource": DEVICE_RESOURCE,
                     "device_memory_bytes": memory_bytes},
@@ -206,9 +213,12 @@ def spec_dict(placement: dict | None, profiles_path: str | None, slo_ms: float, 
         "placement": placement,
     }
     if profiles_path is not None:
+        simulated = simulated or sim_config(0.0)
         spec["planning"] = {"profiles": {"path": profiles_path}, "planner": {"max_group_devices": 1},
                             "simulation": {"max_batch_size": MAX_BATCH_REQUESTS,
-                                           "request_overhead_ms": 1e3 * request_overhead_s}}
+                                           "request_overhead_ms": 1e3 * simulated.request_overhead_s,
+                                           "host_contention_per_busy_device":
+                                               simulated.host_contention_per_busy_device}}
         spec["controller"] = {"period_s": period_s, "fit_window_s": period_s, "min_gain": 0.02}
         if transition is not None:
             spec["controller"]["transition"] = transition.model_dump()
@@ -263,6 +273,41 @@ async def profile_live(handle) -> tuple[dict[str, float], float, dict[int, float
                  [round(ratios[b][-1], 2) for b in PROFILED_BATCHES])
     batch_ratio = {1: 1.0, **{b: float(np.median(r)) for b, r in ratios.items()}}
     return service, max(0.0, float(np.median(overhead))), batch_ratio
+
+
+async def measure_host_contention() -> float:
+    """The simulator's `host_contention_per_busy_device`, measured on the profiling deployment (every model on both
+    devices): how much longer a lone request straight to group 1 takes while requests straight to group 0 keep it
+    computing (CONTENTION_LOAD in flight, closed loop) than while it idles, median over median minus one.
+    The two devices are shares of the same two cores, which the ingress and this driver use too; on a GPU cluster the
+    figure would be 0."""
+    from ray import serve
+
+    from rayserve_apps.contracts import group_deployment_name
+
+    token_ids = token_ids_of_request()
+    group = serve.get_deployment_handle(group_deployment_name(1), app_name="plexserve")
+    other = serve.get_deployment_handle(group_deployment_name(0), app_name="plexserve")
+
+    async def lone_requests() -> float:
+        return float(np.median([await timed(group.embed_token_ids.remote(MODELS[0], token_ids))
+                                for _ in range(CONTENTION_REQUESTS)]))
+
+    idle_s = await lone_requests()
+    stop = asyncio.Event()
+
+    async def keep_busy() -> None:
+        while not stop.is_set():
+            await other.embed_token_ids.remote(MODELS[1], token_ids)
+
+    load = [asyncio.ensure_future(keep_busy()) for _ in range(CONTENTION_LOAD)]
+    busy_s = await lone_requests()
+    stop.set()
+    await asyncio.gather(*load)
+    contention = max(0.0, busy_s / idle_s - 1.0)
+    log.info("host contention: a lone request takes %.1f ms with the other device idle, %.1f ms while it computes "
+             "(+%.2f per busy device)", 1e3 * idle_s, 1e3 * busy_s, contention)
+    return contention
 
 
 async def measure_throughput(handle, seconds: float, concurrency: int) -> float:
@@ -345,20 +390,20 @@ async def replay(handle, workload, slo_s: float) -> dict[str, np.ndarray]:
             "start_wall": time.time() - (time.perf_counter() - start)}
 
 
-def sim_config(overhead_s: float):
+def sim_config(overhead_s: float, host_contention: float = 0.0) -> SimulatorConfig:
     """The simulated system of every simulation here (and of the controller, through the spec): shortest-queue
     dispatch with SLO admission, batches of up to MAX_BATCH_REQUESTS queued requests of a model, the measured ingress
-    overhead."""
+    overhead and host contention."""
     from placement.alpaserve.batching import MaxBatchWithinSLO
     from placement.alpaserve.dispatch import make_dispatch
     from placement.alpaserve.simulator import SimulatorConfig
 
     return SimulatorConfig(dispatch=make_dispatch("shortest_queue"), batching=MaxBatchWithinSLO(MAX_BATCH_REQUESTS),
-                           request_overhead_s=overhead_s)
+                           request_overhead_s=overhead_s, host_contention_per_busy_device=host_contention)
 
 
-async def calibration_replay(handle, placement, lone_profiles, overhead_s: float, total_rate: float, slo_s: float,
-                             seed: int):
+async def calibration_replay(handle, placement, lone_profiles, simulated: SimulatorConfig, total_rate: float,
+                             slo_s: float, seed: int):
     """Step 2, service-time calibration: a trace of its own seed (never scored) replayed at the scored traces' rate
     and SLO on the deployed application (`placement`, the controller paused); the factor on the lone-request profiles
     at which the simulator reproduces the replay's SLO attainment, or its latency quantile if every SLO was met
@@ -367,7 +412,7 @@ async def calibration_replay(handle, placement, lone_profiles, overhead_s: float
 
     trace = make_trace(total_rate, CALIBRATION_S, slo_s, seed=seed)
     replayed = await replay(handle, trace, slo_s)
-    calibration = calibrate_service_scale(placement, lone_profiles, trace, replayed["latency"], sim_config(overhead_s))
+    calibration = calibrate_service_scale(placement, lone_profiles, trace, replayed["latency"], simulated)
     if calibration is None:
         raise RuntimeError(f"calibration replay: too few answered requests ({np.isfinite(replayed['latency']).sum()})")
     log.info("calibration replay (%d requests, %d answered): attainment %.3f measured, %.3f simulated at x%.3f of the "
@@ -377,7 +422,7 @@ async def calibration_replay(handle, placement, lone_profiles, overhead_s: float
     return calibration
 
 
-def simulate_piecewise(timeline: list[tuple], profiles, workload, overhead_s: float) -> np.ndarray:
+def simulate_piecewise(timeline: list[tuple], profiles, workload, config: SimulatorConfig) -> np.ndarray:
     """SLO met per request, simulating each span of the trace on the placement in force during it; an entry
     (start, placement, factor) simulates its span with the profiles' latencies times `factor` (the service-time
     factor in force, times the loading slowdown while a rollout step loads). A new placement starts with empty
@@ -386,7 +431,6 @@ def simulate_piecewise(timeline: list[tuple], profiles, workload, overhead_s: fl
     from placement.alpaserve.simulator import SERVED, simulate
     from placement.alpaserve.transition import scaled_profiles
 
-    config = sim_config(overhead_s)
     scaled: dict[float, object] = {}
     met = np.zeros(len(workload), dtype=bool)
     bounds = [entry[0] for entry in timeline[1:]] + [np.inf]
@@ -432,6 +476,35 @@ def with_online_scales(timeline: list[tuple], scales: list[tuple[float, float]])
 
     starts = sorted({entry[0] for entry in timeline} | {start for start, _ in scales})
     return [(t, in_force(timeline, t)[1], in_force(timeline, t)[2] * in_force(scales, t)[1]) for t in starts]
+
+
+def write_records(path: Path, traces: list[dict], lone_s: dict[str, float], batch_ratio: dict[int, float],
+                  simulated: SimulatorConfig, period_s: float, duration_s: float) -> None:
+    """Every replayed request of both runs of each trace (arrival, model, SLO; latency and outcome, real) with the
+    placements and factors in force, so that other simulator settings can be scored on this run's records offline
+    (`benchmarks/fidelity_replay.py`)."""
+    import json
+
+    def run_records(run: dict) -> dict:
+        return {"latency_s": [None if np.isnan(x) else float(x) for x in run["latency"]],
+                "outcome": run["outcome"].tolist()}
+
+    records = {
+        "lone_service_s": lone_s, "batch_ratio": batch_ratio, "request_overhead_s": simulated.request_overhead_s,
+        "host_contention_per_busy_device": simulated.host_contention_per_busy_device,
+        "period_s": period_s, "duration_s": duration_s,
+        "traces": [{"seed": t["seed"], "model_names": list(t["trace"].model_names),
+                    "arrival_s": t["trace"].arrival_s.tolist(), "model": t["trace"].model.tolist(),
+                    "slo_s": t["trace"].slo_s.tolist(), "static": run_records(t["static"]),
+                    "dynamic": run_records(t["dynamic"]),
+                    "initial": [g.models for g in t["initial"].groups],
+                    "placements": [(at, [g.models for g in placement.groups])
+                                   for at, placement, _ in t["timeline"][1:]],
+                    "online_scales": t["online_scales"][1:], "scale_before": t["online_scales"][0][1]}
+                   for t in traces],
+    }
+    path.write_text(json.dumps(records))
+    log.info("per-request records: %s", path)
 
 
 def windowed(values: np.ndarray, arrival_s: np.ndarray, duration_s: float) -> tuple[np.ndarray, np.ndarray]:
@@ -557,7 +630,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-async def controller_trace(handle, controller, profile_sets: dict, transition, overhead_s: float, slo_s: float,
+async def controller_trace(handle, controller, profile_sets: dict, transition, simulated: SimulatorConfig, slo_s: float,
                            total_rate: float, duration_s: float, period_s: float, memory_bytes: int, seed: int) -> dict:
     """Steps 3-5 for one trace: plan for its first half, static run, controller run, both simulated. `profile_sets`:
     "lone" (the controller's base), "calibrated" (offline) and "throughput_scaled"."""
@@ -610,14 +683,14 @@ async def controller_trace(handle, controller, profile_sets: dict, transition, o
     scales = [(d["time_s"] - dynamic["start_wall"], d["service_scale"]) for d in decisions
               if d.get("service_scale") is not None]
     online = [(-np.inf, scale_before)] + scales
-    static_sim = simulate_piecewise([(-np.inf, initial, 1.0)], profiles, trace, overhead_s)
-    dynamic_sim = simulate_piecewise(with_online_scales(timeline, online), lone_profiles, trace, overhead_s)
+    static_sim = simulate_piecewise([(-np.inf, initial, 1.0)], profiles, trace, simulated)
+    dynamic_sim = simulate_piecewise(with_online_scales(timeline, online), lone_profiles, trace, simulated)
     # For comparison: the offline calibration alone, and the profiles scaled to the throughput probe.
-    dynamic_sim_offline = simulate_piecewise(timeline, profiles, trace, overhead_s)
-    dynamic_sim_probe = simulate_piecewise(timeline, throughput_profiles, trace, overhead_s)
+    dynamic_sim_offline = simulate_piecewise(timeline, profiles, trace, simulated)
+    dynamic_sim_probe = simulate_piecewise(timeline, throughput_profiles, trace, simulated)
     # The transition model the controller was given (measured step time, load time and slowdown) predicts here too.
     dynamic_through = simulate_piecewise(with_online_scales(through_rollouts(initial, rollouts, profiles, transition),
-                                                            online), lone_profiles, trace, overhead_s)
+                                                            online), lone_profiles, trace, simulated)
     # Transition cost, predicted: the chosen candidate's horizon loss (as deployed minus through its rollout) per
     # request of the rollout span; real: the attainment the target would have had over the rollout span's requests
     # (simulated as deployed) minus what the live system reached on them.
@@ -628,7 +701,7 @@ async def controller_trace(handle, controller, profile_sets: dict, transition, o
                                    * d.get("horizon_s", 2 * period_s) / chosen["transition_s"])
         span = np.flatnonzero((trace.arrival_s >= begun) & (trace.arrival_s < at))
         if len(span):
-            deployed = simulate_piecewise([(-np.inf, target, 1.0)], profiles, trace.take(span), overhead_s)
+            deployed = simulate_piecewise([(-np.inf, target, 1.0)], profiles, trace.take(span), simulated)
             real_costs.append(float(deployed.mean() - dynamic["met"][span].mean()))
     shift_s = duration_s / 2
     after_shift = [t for t in changes if t >= shift_s]
@@ -636,6 +709,7 @@ async def controller_trace(handle, controller, profile_sets: dict, transition, o
     return {
         "seed": seed, "requests": len(trace), "trace": trace, "initial": initial, "static": static, "dynamic": dynamic,
         "static_sim": static_sim, "dynamic_sim": dynamic_sim, "dynamic_through": dynamic_through, "changes": changes,
+        "timeline": timeline, "online_scales": online,
         "attainment_sim_through_rollout": float(dynamic_through.mean()),
         "abs_gap_through_rollout": abs(float(dynamic["met"].mean()) - float(dynamic_through.mean())),
         "attainment_real": float(dynamic["met"].mean()), "attainment_sim": float(dynamic_sim.mean()),
@@ -681,6 +755,7 @@ async def run(args) -> dict:
     deploy(profiling_spec, http_options)
     handle = serve.get_app_handle("plexserve")
     lone_s, overhead_s, batch_ratio = await profile_live(handle)
+    simulated = sim_config(overhead_s, await measure_host_contention())
     throughput = await measure_throughput(handle, THROUGHPUT_PROBE_S, THROUGHPUT_CONCURRENCY)
     # Per-request device time at full load: the devices' share of the measured throughput, split by lone-time ratios.
     # It sets the SLO and the offered load (as in earlier runs); the simulator's service times are calibrated below.
@@ -707,13 +782,13 @@ async def run(args) -> dict:
                    PlannerConfig(max_group_devices=1)).normalize()
     initial_groups = {"groups": [g.model_dump(mode="json") for g in initial.groups]}
     deploy(spec_dict(initial_groups, str(folder / "profiles.json"), 1e3 * slo_s, period_s, memory_bytes, transition,
-                     overhead_s), http_options)
+                     simulated), http_options)
     handle = serve.get_app_handle("plexserve")
     controller = serve.get_deployment_handle("PlacementController", app_name="plexserve")
     await controller.pause.remote(True)
     for model in MODELS:
         await handle.embed.remote(model, TEXTS)
-    calibration = await calibration_replay(handle, initial, lone_profiles, overhead_s, total_rate, slo_s,
+    calibration = await calibration_replay(handle, initial, lone_profiles, simulated, total_rate, slo_s,
                                            seed=args.seed + CALIBRATION_SEED_OFFSET)
     service_s = {m: s * calibration.scale for m, s in lone_s.items()}
     profile_sets = {"lone": lone_profiles,
@@ -721,7 +796,7 @@ async def run(args) -> dict:
                     "throughput_scaled": throughput_profiles}
 
     log.info("3-5/7 %d traces (static run, controller run, both simulated)", NUM_TRACES)
-    traces = [await controller_trace(handle, controller, profile_sets, transition, overhead_s, slo_s, total_rate,
+    traces = [await controller_trace(handle, controller, profile_sets, transition, simulated, slo_s, total_rate,
                                      duration_s, period_s, memory_bytes, seed=args.seed + k) for k in range(NUM_TRACES)]
 
     log.info("6/7 re-placement under steady load")
@@ -738,10 +813,11 @@ async def run(args) -> dict:
           "static (real)": last["static"]["met"],
           "static (sim)": last["static_sim"]},
          last["changes"], duration_s)
+    write_records(out_dir() / "fidelity_records.json", traces, lone_s, batch_ratio, simulated, period_s, duration_s)
     failed_accepted = int(sum(t["failed_during_replay"] for t in traces) + burst["failed"] + steady["failed"])
     per_trace = [{k: v for k, v in t.items()
                   if k not in ("trace", "initial", "static", "dynamic", "static_sim", "dynamic_sim", "dynamic_through",
-                               "changes")}
+                               "changes", "timeline", "online_scales")}
                  for t in traces]
     gains = [t["controller_gain_real"] for t in traces]
     present = lambda key: [t[key] for t in traces if t[key] is not None]  # noqa: E731
@@ -770,6 +846,7 @@ async def run(args) -> dict:
                                              for t in traces),
         "load_s": load_s, "transition": transition.model_dump(), "throughput_per_s": throughput,
         "ingress_overhead_ms": 1e3 * overhead_s,
+        "host_contention_per_busy_device": simulated.host_contention_per_busy_device,
         "duration_s": duration_s, "period_s": period_s, "machine": machine_description(),
     }
     return figures

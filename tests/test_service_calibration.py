@@ -168,6 +168,19 @@ def test_a_settled_window_leaves_out_its_newest_arrivals_whose_slow_answers_are_
         window.observed(110.0, MODELS, [SLO_S] * 2, settle_s=10.0)
 
 
+def test_a_window_since_the_last_placement_change_leaves_out_the_records_before_it():
+    window = TrafficWindow(60.0)
+    window.add([RequestRecord("a", 60.0, "ok", latency_ms=20.0, slo_met=True),  # served by the former placement
+                RequestRecord("a", 95.0, "ok", latency_ms=20.0, slo_met=True),
+                RequestRecord("b", 105.0, "ok", latency_ms=20.0, slo_met=True)])
+    since = window.observed(110.0, MODELS, [SLO_S] * 2, settle_s=2.0, since_s=90.0)
+    assert [a.tolist() for a in since.arrival_s] == [[5.0], [15.0]] and since.duration_s == 18.0
+    whole = window.observed(110.0, MODELS, [SLO_S] * 2, settle_s=2.0, since_s=10.0)  # the window is shorter
+    assert [a.tolist() for a in whole.arrival_s] == [[10.0, 45.0], [55.0]] and whole.duration_s == 58.0
+    with pytest.raises(ValueError, match="settle_s"):
+        window.observed(110.0, MODELS, [SLO_S] * 2, settle_s=2.0, since_s=109.0)
+
+
 def observed_from(workload, latency) -> ObservedTraffic:
     per_model = [np.flatnonzero(workload.model == m) for m in range(len(MODELS))]
     return ObservedTraffic(MODELS, [workload.arrival_s[i] for i in per_model], 60.0, [SLO_S] * 2,
@@ -221,4 +234,7 @@ def test_the_controller_spec_switches_calibration(tmp_path):
     assert replan_policy(parse_spec(spec), tmp_path).calibration is None
     spec["controller"] = {"calibration": {"quantile": 1.5}}
     with pytest.raises(ValueError, match="quantile"):
+        parse_spec(spec)
+    spec["controller"] = {"calibration": {"window_s": 0}}
+    with pytest.raises(ValueError, match="window_s"):
         parse_spec(spec)

@@ -139,19 +139,43 @@ def test_without_admission_late_requests_are_not_attained():
 
 @pytest.mark.parametrize("dispatch", [ShortestQueueDispatch, EarliestFinishDispatch, RoundRobinDispatch])
 @pytest.mark.parametrize("batching", [None, MaxBatchWithinSLO(3)])
-def test_compiled_kernel_matches_reference_loop(dispatch, batching):
+@pytest.mark.parametrize("contention", [0.0, 0.3])
+def test_compiled_kernel_matches_reference_loop(dispatch, batching, contention):
     placement, profs, workload = two_group_case(duration_s=60.0, seed=2)
     config = SimulatorConfig(dispatch=dispatch(), batching=batching, request_overhead_s=0.002,
-                             response_overhead_s=0.001)
+                             response_overhead_s=0.001, host_contention_per_busy_device=contention)
     fast = simulate(placement, profs, workload, config)
     config = SimulatorConfig(dispatch=dispatch(), batching=batching, request_overhead_s=0.002,
-                             response_overhead_s=0.001)
+                             response_overhead_s=0.001, host_contention_per_busy_device=contention)
     slow = simulate(placement, profs, workload, config, reference=True)
     for field in ("start_s", "finish_s"):
         np.testing.assert_array_equal(getattr(fast, field), getattr(slow, field))
     for field in ("status", "group", "batch_size"):
         np.testing.assert_array_equal(getattr(fast, field), getattr(slow, field))
     np.testing.assert_allclose(fast.group_busy_seconds(), slow.group_busy_seconds())
+
+
+def test_host_contention_slows_a_batch_that_starts_while_another_group_computes():
+    """Two one-device groups on one host: a request that starts while the other group computes takes
+    1 + host_contention times its profiled latency; one that starts while the other is idle takes it unchanged,
+    and without contention nothing changes."""
+    service = 0.1
+    single = ParallelConfig()
+    placement = Placement(groups=[GroupPlacement(num_devices=1, config=single, models=["a"]),
+                                  GroupPlacement(num_devices=1, config=single, models=["b"])])
+    arrival = np.array([0.0, 0.05, 0.5])  # b starts while a computes; the last a finds both idle
+    workload = Workload(["a", "b"], arrival, np.array([0, 1, 0], dtype=np.int32), np.full(3, 10.0))
+    profs = profiles({"a": service, "b": service})
+    for engine in (False, True):
+        shared = simulate(placement, profs, workload, SimulatorConfig(host_contention_per_busy_device=0.5),
+                          reference=engine)
+        latency = shared.finish_s - workload.arrival_s
+        np.testing.assert_allclose(latency, [service, 1.5 * service, service])
+        np.testing.assert_allclose(shared.group_busy_seconds(), [2 * service, 1.5 * service])
+    alone = simulate(placement, profs, workload, SimulatorConfig())
+    np.testing.assert_allclose(alone.finish_s - workload.arrival_s, [service] * 3)
+    with pytest.raises(ValueError, match="host_contention_per_busy_device"):
+        SimulatorConfig(host_contention_per_busy_device=-0.1)
 
 
 class SendEverythingToGroupZero:

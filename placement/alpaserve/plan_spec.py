@@ -107,6 +107,11 @@ class SimulationSpec(_Strict):
     request_overhead_ms: float = Field(default=0.0, ge=0,
                                        description="Fixed time before the first stage, milliseconds.")
     response_overhead_ms: float = Field(default=0.0, ge=0, description="Fixed time after the last stage, milliseconds.")
+    host_contention_per_busy_device: float = Field(
+        default=0.0, ge=0, le=10,
+        description="Share by which a batch's stage latencies grow per device of the other groups busy when it "
+                    "starts: a stand-in for logical devices that share one host's CPU cores (0: devices of their own, "
+                    "as GPUs).")
 
 
 class PlanSpec(_Strict):
@@ -197,6 +202,7 @@ def simulator_config(spec: PlanSpec):
         dispatch=make_dispatch(sim.dispatch, slo_admission=sim.slo_admission),
         batching=MaxBatchWithinSLO(sim.max_batch_size) if sim.max_batch_size > 1 else None,
         request_overhead_s=sim.request_overhead_ms / 1e3, response_overhead_s=sim.response_overhead_ms / 1e3,
+        host_contention_per_busy_device=sim.host_contention_per_busy_device,
     )
 
 

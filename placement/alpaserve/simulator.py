@@ -6,6 +6,12 @@ FCFS. Dispatch is a :mod:`placement.alpaserve.dispatch` policy (default: shortes
 batching is an optional :mod:`placement.alpaserve.batching` policy (§6.5). Fixed per-request overheads (before the first
 stage and after the last) are named parameters.
 
+Devices that share one host (a plexserve addition, not in AlpaServe, whose devices are GPUs of their own): with
+`host_contention_per_busy_device` > 0 a batch's stage latencies are that much longer per device of the *other*
+groups busy when the batch starts (running a batch, or holding a request ready to start one). It is the stand-in for
+logical devices that are shares of the same CPU cores, where a device serves slower while its neighbours compute;
+on a GPU cluster it is 0.
+
 Two engines give identical results:
 
 * a compiled kernel (numba, when installed) for the built-in policies: millions of requests per second;
@@ -59,6 +65,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_UTILIZATION_BIN_S = 1.0
 #: Latency percentiles reported in summaries.
 LATENCY_PERCENTILES = (50, 90, 99)
+#: Largest host-contention share per busy device accepted (a device ten times slower per busy neighbour is a typo).
+MAX_HOST_CONTENTION = 10.0
 
 
 @dataclass
@@ -69,6 +77,14 @@ class SimulatorConfig:
     batching: BatchPolicy | None = None  # None: every request runs alone
     request_overhead_s: float = 0.0  # fixed time before the first stage (ingress, dispatch, transfer)
     response_overhead_s: float = 0.0  # fixed time after the last stage (result transfer)
+    # A batch's stage latencies grow by this share per device of the other groups busy when it starts (devices
+    # sharing a host's cores; 0: devices of their own, as AlpaServe's GPUs).
+    host_contention_per_busy_device: float = 0.0
+
+    def __post_init__(self):
+        if not 0.0 <= self.host_contention_per_busy_device <= MAX_HOST_CONTENTION:
+            raise ValueError(f"host_contention_per_busy_device={self.host_contention_per_busy_device}: must be in "
+                             f"[0, {MAX_HOST_CONTENTION}]")
 
 
 # --------------------------------------------------------------------------------------------- compiled tables
@@ -173,7 +189,8 @@ def build_tables(groups: Sequence[GroupSpec], cache: LatencyCache, model_names: 
 # many small inlined helpers, cost numba reference counting on every use: several times the simulation itself):
 #   times  float64[4, N]   per request: arrival, deadline, start of the first stage, finish
 #   ids    int64[8, N]     per request: model, group, batch size, status, and its successor in three lists
-#   groups int64[G, 8]     per group: ends and length of its queue and of its started list, stages, intra-op degree
+#   groups int64[G, 9]     per group: ends and length of its queue and of its started list, stages, intra-op degree,
+#                          devices
 #   stage_free float64[G, K], busy float64[G], model_queue int64[G, M, 2] (head, tail of one model's queue)
 # plus the latency table, the routing table (host_ptr, host_groups, turn) and `_KernelKnobs` (scalars only).
 ARRIVAL, DEADLINE, START, FINISH = range(4)
@@ -183,9 +200,10 @@ _TIME_FIELDS = 4
 # already batched or dropped (it leaves the arrival-order list lazily).
 MODEL, GROUP, BATCH, STATUS, NEXT_QUEUED, NEXT_OF_MODEL, NEXT_STARTED, TAKEN = range(8)
 _ID_FIELDS = 8
-QHEAD, QTAIL, QUEUED, FHEAD, FTAIL, INFLIGHT, NUM_STAGES, INTRA_OP = range(8)
-_GROUP_FIELDS = 8
-_KernelKnobs = namedtuple("_KernelKnobs", ["policy", "admission", "max_batch", "request_overhead", "response_overhead"])
+QHEAD, QTAIL, QUEUED, FHEAD, FTAIL, INFLIGHT, NUM_STAGES, INTRA_OP, DEVICES = range(9)
+_GROUP_FIELDS = 9
+_KernelKnobs = namedtuple("_KernelKnobs", ["policy", "admission", "max_batch", "request_overhead", "response_overhead",
+                                           "host_contention"])
 
 
 @dataclass
@@ -214,6 +232,7 @@ class _KernelArrays:
         groups[:, INFLIGHT] = 0
         groups[:, NUM_STAGES] = tables.num_stages
         groups[:, INTRA_OP] = tables.intra_op
+        groups[:, DEVICES] = tables.num_devices
         return cls(times, ids, groups, np.zeros((num_groups, tables.latency.shape[3])), np.zeros(num_groups),
                    np.full((num_groups, num_models, 2), -1, np.int64), np.zeros(num_models, np.int64))
 
@@ -225,22 +244,24 @@ class _KernelArrays:
 def _kernel_knobs(config: SimulatorConfig, max_batch: int) -> tuple:
     return _KernelKnobs(int(getattr(config.dispatch, "kernel_code", 0)),
                         bool(getattr(config.dispatch, "slo_admission", True)), int(max_batch),
-                        float(config.request_overhead_s), float(config.response_overhead_s))
+                        float(config.request_overhead_s), float(config.response_overhead_s),
+                        float(config.host_contention_per_busy_device))
 
 
 @njit(cache=True)
-def _pipeline_finish(latency, stage_free, num_stages, g, m, b, enter_s):
-    """Finish time of a batch of b entering group g's pipeline at enter_s (stage k starts when k is free)."""
+def _pipeline_finish(latency, stage_free, num_stages, g, m, b, enter_s, slowdown):
+    """Finish time of a batch of b entering group g's pipeline at enter_s (stage k starts when k is free), every
+    stage `slowdown` times its profiled latency."""
     time = enter_s
     for k in range(num_stages):
         if stage_free[g, k] > time:
             time = stage_free[g, k]
-        time += latency[g, m, b, k]
+        time += latency[g, m, b, k] * slowdown
     return time
 
 
 @njit(cache=True)
-def _pipeline_run(latency, stage_free, num_stages, g, m, b, enter_s):
+def _pipeline_run(latency, stage_free, num_stages, g, m, b, enter_s, slowdown):
     """Run a batch through group g's pipeline, occupying every stage; returns (start of stage 0, finish)."""
     time = enter_s
     start = enter_s
@@ -249,9 +270,28 @@ def _pipeline_run(latency, stage_free, num_stages, g, m, b, enter_s):
             time = stage_free[g, k]
         if k == 0:
             start = time
-        time += latency[g, m, b, k]
+        time += latency[g, m, b, k] * slowdown
         stage_free[g, k] = time
     return start, time
+
+
+@njit(cache=True, inline="always")
+def _host_slowdown(g, enter_s, times, groups, stage_free, knobs):
+    """Factor on the stage latencies of a batch that group g starts at max(enter_s, its first stage free): one plus
+    `host_contention` per device of the other groups busy then (a batch in their pipeline, or a queued request
+    ready to start one)."""
+    if knobs.host_contention == 0.0:
+        return 1.0
+    at = enter_s if enter_s > stage_free[g, 0] else stage_free[g, 0]
+    busy = 0
+    for other in range(groups.shape[0]):
+        if other == g:
+            continue
+        if (stage_free[other, groups[other, NUM_STAGES] - 1] > at
+                or (groups[other, QUEUED] > 0
+                    and times[ARRIVAL, groups[other, QHEAD]] + knobs.request_overhead <= at)):
+            busy += groups[other, DEVICES]
+    return 1.0 + knobs.host_contention * busy
 
 
 @njit(cache=True)
@@ -264,14 +304,14 @@ def _not_run(i, status, times, ids):
 
 
 @njit(cache=True, inline="always")
-def _start_batch(g, m, size, enter, head, times, ids, groups, stage_free, busy, latency, knobs):
+def _start_batch(g, m, size, enter, head, times, ids, groups, stage_free, busy, latency, knobs, slowdown):
     """Run the `size` requests of model m that follow each other from `head` (NEXT_OF_MODEL links) as one batch
     through group g's pipeline from `enter`: occupy its stages, charge its device time, record each request's
     start, finish (response overhead included), batch size and status, and append it to the group's started
     list. Returns the request after the batch (meaningless for an unqueued request, whose link is never set)."""
-    s, f = _pipeline_run(latency, stage_free, groups[g, NUM_STAGES], g, m, size, enter)
+    s, f = _pipeline_run(latency, stage_free, groups[g, NUM_STAGES], g, m, size, enter, slowdown)
     for k in range(groups[g, NUM_STAGES]):
-        busy[g] += latency[g, m, size, k] * groups[g, INTRA_OP]
+        busy[g] += latency[g, m, size, k] * slowdown * groups[g, INTRA_OP]
     f += knobs.response_overhead
     r = head
     for _ in range(size):
@@ -304,12 +344,13 @@ def _advance_group(g, t, times, ids, groups, stage_free, busy, model_queue, late
             enter = stage_free[g, 0]
         if enter > t:
             return
+        slowdown = _host_slowdown(g, enter, times, groups, stage_free, knobs)
         size = 0
         earliest = np.inf
         r = h
         while r != -1 and size < knobs.max_batch and times[ARRIVAL, r] + knobs.request_overhead <= enter:
             d = times[DEADLINE, r] if times[DEADLINE, r] < earliest else earliest
-            finish = _pipeline_finish(latency, stage_free, groups[g, NUM_STAGES], g, m, size + 1, enter)
+            finish = _pipeline_finish(latency, stage_free, groups[g, NUM_STAGES], g, m, size + 1, enter, slowdown)
             if finish + knobs.response_overhead > d:
                 break
             earliest = d
@@ -323,7 +364,7 @@ def _advance_group(g, t, times, ids, groups, stage_free, busy, model_queue, late
             ids[TAKEN, h] = 1
             removed = 1
         else:
-            r = _start_batch(g, m, size, enter, h, times, ids, groups, stage_free, busy, latency, knobs)
+            r = _start_batch(g, m, size, enter, h, times, ids, groups, stage_free, busy, latency, knobs, slowdown)
             taken = h
             for _ in range(size):
                 ids[TAKEN, taken] = 1
@@ -397,7 +438,8 @@ def _kernel(times, ids, groups, stage_free, busy, model_queue, host_ptr, host_gr
             if knobs.policy == KERNEL_ROUND_ROBIN:
                 continue
             if knobs.policy == KERNEL_EARLIEST_FINISH:
-                key = _pipeline_finish(latency, stage_free, groups[g, NUM_STAGES], g, m, 1, enter)
+                key = _pipeline_finish(latency, stage_free, groups[g, NUM_STAGES], g, m, 1, enter,
+                                       _host_slowdown(g, enter, times, groups, stage_free, knobs))
             else:
                 key = float(groups[g, QUEUED] + groups[g, INFLIGHT])
             if key < best_key:
@@ -407,8 +449,9 @@ def _kernel(times, ids, groups, stage_free, busy, model_queue, host_ptr, host_gr
             best = host_groups[lo + turn[m] % (hi - lo)]
             turn[m] += 1
         g = best
+        slowdown = _host_slowdown(g, enter, times, groups, stage_free, knobs)
         if knobs.admission:
-            alone = _pipeline_finish(latency, stage_free, groups[g, NUM_STAGES], g, m, 1, enter)
+            alone = _pipeline_finish(latency, stage_free, groups[g, NUM_STAGES], g, m, 1, enter, slowdown)
             if alone + knobs.response_overhead > times[DEADLINE, i]:
                 _not_run(i, REJECTED, times, ids)
                 continue
@@ -416,7 +459,7 @@ def _kernel(times, ids, groups, stage_free, busy, model_queue, host_ptr, host_gr
         if batching:
             _enqueue(i, g, m, ids, groups, model_queue)
             continue
-        _start_batch(g, m, 1, enter, i, times, ids, groups, stage_free, busy, latency, knobs)  # a batch of one
+        _start_batch(g, m, 1, enter, i, times, ids, groups, stage_free, busy, latency, knobs, slowdown)  # one
     if batching:
         for g in range(groups.shape[0]):
             _advance_group(g, np.inf, times, ids, groups, stage_free, busy, model_queue, latency, knobs)
@@ -444,9 +487,31 @@ class _ReferenceEngine:
         self.batch = np.ones(n, dtype=np.int64)
         self.unfinished: list[list[int]] = [[] for _ in range(num_groups)]  # FIFO, finish times ascending
         self.queues: list[dict[int, list[int]]] = [{} for _ in range(num_groups)]  # per model FIFO
+        self.busy = np.zeros(num_groups)  # device-seconds per group
 
     def _finish(self, g: int, m: int, b: int, enter: float) -> float:
-        return float(_pipeline_finish(self.t.latency, self.stage_free, self.t.num_stages[g], g, m, b, enter))
+        return float(_pipeline_finish(self.t.latency, self.stage_free, self.t.num_stages[g], g, m, b, enter,
+                                      self._slowdown(g, enter)))
+
+    def _run_batch(self, g: int, m: int, b: int, enter: float) -> tuple[float, float]:
+        """Occupy group g's pipeline with a batch of b; (start of stage 0, finish)."""
+        slowdown = self._slowdown(g, enter)
+        self.busy[g] += float(self.t.latency[g, m, b, : self.t.num_stages[g]].sum()) * slowdown * self.t.intra_op[g]
+        return _pipeline_run(self.t.latency, self.stage_free, self.t.num_stages[g], g, m, b, enter, slowdown)
+
+    def _slowdown(self, g: int, enter: float) -> float:
+        """`_host_slowdown` of the compiled kernel: the other groups' devices busy when g's batch would start."""
+        contention = self.cfg.host_contention_per_busy_device
+        if contention == 0.0:
+            return 1.0
+        at = max(enter, float(self.stage_free[g, 0]))
+        busy = 0
+        for other in range(len(self.queues)):
+            ready = [q[0] for q in self.queues[other].values() if q]
+            if other != g and (self.stage_free[other, self.t.num_stages[other] - 1] > at or any(
+                    self.w.arrival_s[r] + self.cfg.request_overhead_s <= at for r in ready)):
+                busy += int(self.t.num_devices[other])
+        return 1.0 + contention * busy
 
     def _retire(self, g: int, now: float) -> None:
         done = self.unfinished[g]
@@ -486,7 +551,7 @@ class _ReferenceEngine:
             if batching:
                 self.queues[g].setdefault(m, []).append(i)
                 continue
-            s, f = _pipeline_run(t.latency, self.stage_free, t.num_stages[g], g, m, 1, enter)
+            s, f = self._run_batch(g, m, 1, enter)
             self.start[i], self.finish[i] = s, f + cfg.response_overhead_s
             self.status[i] = SERVED if self.finish[i] <= deadline else LATE
             self.unfinished[g].append(i)
@@ -495,7 +560,7 @@ class _ReferenceEngine:
                 self._advance(g, math.inf)
 
     def _advance(self, g: int, now: float) -> None:
-        w, cfg, t = self.w, self.cfg, self.t
+        w, cfg = self.w, self.cfg
         queues = self.queues[g]
         while any(queues.values()):
             m = min((q[0], mm) for mm, q in queues.items() if q)[1]
@@ -513,7 +578,7 @@ class _ReferenceEngine:
                 queue.pop(0)
                 self.status[head] = REJECTED
                 continue
-            s, f = _pipeline_run(t.latency, self.stage_free, t.num_stages[g], g, m, size, enter)
+            s, f = self._run_batch(g, m, size, enter)
             f += cfg.response_overhead_s
             for r in queue[:size]:
                 self.start[r], self.finish[r], self.batch[r] = s, f, size
@@ -690,7 +755,7 @@ def simulate_groups(groups: Sequence[GroupSpec], cache: LatencyCache, workload: 
         engine = _ReferenceEngine(tables, groups, names, config, workload, max_batch)
         engine.run()
         return SimulationResult(workload, engine.start, engine.finish, engine.group, engine.status, engine.batch,
-                                tables)
+                                tables, engine.busy)
     arrays = _KernelArrays.build(workload, tables)
     knobs = _kernel_knobs(config, max_batch)
     a = arrays

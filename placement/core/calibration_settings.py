@@ -12,6 +12,21 @@ DEFAULT_QUANTILE = 0.9
 DEFAULT_MIN_ANSWERED = 50
 #: Weight of the factor in force when a new window's fit is blended in (geometric mean).
 DEFAULT_SMOOTHING = 0.5
+#: Seconds of records each fit replays. A one-period window (10 s in the fidelity benchmark) holds a few dozen
+#: requests of one load regime, and its fits swung 0.99-1.31 period to period (2026-11-24); replayed on four
+#: fidelity runs' records (`benchmarks/fidelity_replay.py`), 30 s gave the smallest `abs_gap_max` of 10, 30, 60 and
+#: 90 s on three and the smallest worst case (README, "Calibrated service times").
+DEFAULT_WINDOW_S = 30.0
+#: SLOs after its arrival by which a request has ended (answered, refused or missed): the service-time refit leaves
+#: out the requests of the window's last CALIBRATION_SETTLE_SLOS SLOs (plus a report period), and scores none of its
+#: first as many seconds (their queues, built by earlier requests, are what the window's simulation starts without).
+CALIBRATION_SETTLE_SLOS = 2.0
+
+
+def calibration_settle_s(max_slo_s: float, report_period_s: float, period_s: float) -> float:
+    """Seconds at the end of a calibration window whose requests a refit leaves out (and at its start, scores not):
+    CALIBRATION_SETTLE_SLOS of the longest SLO plus one traffic-report period, at most a quarter period."""
+    return min(CALIBRATION_SETTLE_SLOS * max_slo_s + report_period_s, period_s / 4)
 
 
 class ServiceCalibrationSettings(BaseModel):
@@ -30,3 +45,6 @@ class ServiceCalibrationSettings(BaseModel):
     smoothing: float = Field(default=DEFAULT_SMOOTHING, ge=0, lt=1,
                              description="Weight of the factor in force against a new window's fit (0: take the "
                                          "new fit as it is).")
+    window_s: float = Field(default=DEFAULT_WINDOW_S, gt=0,
+                            description="Seconds of ingress records a fit replays (at least one controller period), "
+                                        "starting no earlier than the last placement change.")

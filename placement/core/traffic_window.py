@@ -85,19 +85,21 @@ class TrafficWindow:
         return sorted(self.records, key=lambda r: r.arrival_s)
 
     def observed(self, now_s: float, model_names: Sequence[str], slo_s: Sequence[float],
-                 settle_s: float = 0.0) -> ObservedTraffic:
+                 settle_s: float = 0.0, since_s: float | None = None) -> ObservedTraffic:
         """Per-model arrival times relative to the window's start, for the workload fit. With `settle_s`, the
         requests that arrived in the window's last `settle_s` seconds are left out (and the window ends there): a
         request is recorded when it ends, so the window's newest arrivals hold its fast answers and not yet its slow
-        ones, and a service-time fit on them would see the system faster than it was."""
-        if not 0 <= settle_s < self.window_s:
-            raise ValueError(f"settle_s={settle_s}: must be in [0, window_s={self.window_s})")
-        start = now_s - self.window_s
-        recent = [r for r in self._recent(now_s) if r.arrival_s < now_s - settle_s or settle_s == 0]
+        ones, and a service-time fit on them would see the system faster than it was. With `since_s` (wall clock),
+        the window starts there if that is later than its own start (e.g. at the last placement change)."""
+        start = now_s - self.window_s if since_s is None else max(now_s - self.window_s, since_s)
+        if not 0 <= settle_s < now_s - start:
+            raise ValueError(f"settle_s={settle_s}: must be in [0, {now_s - start:g}) (the window's seconds)")
+        recent = [r for r in self._recent(now_s)
+                  if r.arrival_s >= start and (r.arrival_s < now_s - settle_s or settle_s == 0)]
         arrivals = [np.array([r.arrival_s - start for r in recent if r.model == name]) for name in model_names]
         latencies = [np.array([r.latency_ms / 1000.0 if r.outcome == "ok" and r.latency_ms is not None else np.nan
                                for r in recent if r.model == name]) for name in model_names]
-        return ObservedTraffic(list(model_names), arrivals, self.window_s - settle_s, list(slo_s), latencies)
+        return ObservedTraffic(list(model_names), arrivals, now_s - start - settle_s, list(slo_s), latencies)
 
     def stats(self, now_s: float) -> dict[str, ModelWindowStats]:
         out: dict[str, ModelWindowStats] = {}

@@ -13,7 +13,8 @@ Group placement (an application with a placement; AlpaServe §4.2). Every period
    changed slots are reconfigured or replaced (other deployments untouched), the ingress routes to the new layout,
 4. writes the decision to the decision log (`decision_log.py`).
 Before each decision the policy refits its service-time factor from the latencies the ingress reported in the
-window just past (`placement.alpaserve.service_calibration`), unless a rollout ran in it; the factor is logged
+last `calibration.window_s` (since the last placement change at most; `placement.alpaserve.service_calibration`),
+unless a rollout ran in the period just past; the factor is logged
 (`service_scale`, `service_calibration`). While an operator has paused the decisions the refit goes on every period
 (the placement stays frozen; the factor stays current for when decisions resume).
 Between two periods a two-window rate test on the reported traffic (`detect_rate_shifts`) may trigger the decision
@@ -43,6 +44,7 @@ from placement.alpaserve.deployment_planning import replan_policy
 from placement.alpaserve.placement_rollout import Rollout, SlotLayout, plan_rollout, transition_routes
 from placement.alpaserve.service_calibration import ServiceCalibration
 from placement.arlo.live_allocator import AllocationDecision
+from placement.core.calibration_settings import calibration_settle_s
 from placement.core.deployment_spec import DeploymentSpec, parse_spec
 from placement.core.placement_plan import GroupPlacement, Placement
 from placement.core.profiles import ParallelConfig
@@ -65,10 +67,6 @@ logger = logging.getLogger("ray.serve")
 STEP_TIMEOUT_S = 300.0
 #: Poll interval while waiting for a step.
 STEP_POLL_S = 0.25
-#: SLOs after its arrival by which a request has ended (answered, refused or missed): the service-time refit leaves
-#: out the requests of the window's last CALIBRATION_SETTLE_SLOS SLOs (plus a report period), and scores none of its
-#: first as many seconds (their queues, built by earlier requests, are what the window's simulation starts without).
-CALIBRATION_SETTLE_SLOS = 2.0
 #: Seconds between two rate-shift tests within a period.
 SHIFT_POLL_S = 1.0
 
@@ -113,6 +111,8 @@ class PlacementController:
         self.models = sorted(self.spec.placement.models()) if self.spec.placement is not None else []
         self.slo_s = [self.spec.model(name).slo_ms / 1000.0 for name in self.models]
         self.window = TrafficWindow(self.settings.period_s)
+        #: Records the service-time refit replays (`controller.calibration.window_s`, at least a period).
+        self.calibration_window = TrafficWindow(max(self.settings.period_s, self.settings.calibration.window_s))
         #: Records over the allocators' longest period (Arlo's Q_i come from the input lengths seen in it).
         self.length_window = TrafficWindow(self.runtimes.window_s) if self.runtimes.models else None
         self.started_s = started
@@ -174,6 +174,7 @@ class PlacementController:
         """Traffic records from an ingress replica; returns how many were taken."""
         parsed = [RequestRecord.from_json(r) for r in records]
         self.window.add(parsed)
+        self.calibration_window.add(parsed)
         if self.length_window is not None:
             self.length_window.add(parsed)
         self.runtimes.observe(parsed)
@@ -278,7 +279,7 @@ class PlacementController:
                            "failed": s.failed, "attainment": s.attainment}
                     for name, s in self.window.stats(now).items()}
         current = self.layout.placement()
-        # The window just past recalibrates the service times before the candidates are judged.
+        # The calibration window (the records just past) refits the service times before the candidates are judged.
         calibration = await self._recalibrate(now)
         decision = await asyncio.to_thread(self.policy.decide, current, traffic, fit_window_s)
         entry: dict[str, Any] = {"observed": observed, "reason": decision.reason, "chosen": decision.chosen,
@@ -302,17 +303,18 @@ class PlacementController:
         return entry
 
     async def _recalibrate(self, now: float | None = None) -> ServiceCalibration | None:
-        """Refit the policy's service-time factor on the window just past (its own simulator, on the placement that
-        served the window); not on a window a rollout ran in (loading slows serving). The requests of the window's
-        last seconds are left out until every one of them has ended and been reported (`CALIBRATION_SETTLE_SLOS`
+        """Refit the policy's service-time factor on the last `calibration.window_s` of records since the last
+        placement change (its own simulator, on the placement that served them); not within a period of a rollout
+        (loading slows serving). The requests of the window's
+        last seconds are left out until every one of them has ended and been reported (`calibration_settle_s`: two
         SLOs plus a report period): the window's newest records are its fast answers. Its first as many seconds only
         fill the simulated queues (the live ones held the earlier requests' backlog). None: nothing refitted."""
         now = time.time() if now is None else now
         if now - self.layout_changed_s < self.settings.period_s:
             return None
-        settle_s = min(CALIBRATION_SETTLE_SLOS * max(self.slo_s) + self.settings.stats_report_period_s,
-                       self.settings.period_s / 4)
-        traffic = self.window.observed(now, self.models, self.slo_s, settle_s=settle_s)
+        settle_s = calibration_settle_s(max(self.slo_s), self.settings.stats_report_period_s, self.settings.period_s)
+        traffic = self.calibration_window.observed(now, self.models, self.slo_s, settle_s=settle_s,
+                                                   since_s=self.layout_changed_s)
         calibration = await asyncio.to_thread(self.policy.calibrate, self.layout.placement(), traffic, settle_s)
         if calibration is not None and self.paused:
             logger.info("placement controller (paused): service-time factor x%.3f", self.policy.service_scale)
