@@ -642,7 +642,7 @@ class SimulationResult:
     status: np.ndarray
     batch_size: np.ndarray
     tables: _Tables
-    busy_device_s: np.ndarray | None = None  # per group, filled by the compiled kernels
+    busy_device_s: np.ndarray  # per group: stage latencies of its batches (host slowdown included) x intra-op devices
 
     @property
     def served(self) -> np.ndarray:
@@ -687,11 +687,8 @@ class SimulationResult:
         return work
 
     def group_busy_seconds(self) -> np.ndarray:
-        """Busy device-seconds per group."""
-        if self.busy_device_s is not None:
-            return self.busy_device_s
-        done = self.group >= 0
-        return np.bincount(self.group[done], weights=self.device_seconds()[done], minlength=len(self.tables.num_stages))
+        """Busy device-seconds per group (both engines count them as they run batches)."""
+        return self.busy_device_s
 
     def utilization(self, bin_s: float = DEFAULT_UTILIZATION_BIN_S) -> np.ndarray:
         """[group, time bin] busy fraction of the group's devices; a request's work is counted in the bin where it

@@ -230,7 +230,7 @@ class GroupReplica:
         # Models start side by side: a new one waits mostly for its stage actors' processes to come up, one that
         # takes over a dropped model's actors only for its weights.
         started = dict(zip([spec.name for spec in to_start], await asyncio.gather(*(
-            asyncio.to_thread(self._start_model, spec, recycled.pop() if recycled else None) for spec in to_start))))
+            asyncio.to_thread(self._start_model, spec, recycled.get(spec.name)) for spec in to_start))))
         dropped = [self.models[name] for name in self.models if name not in wanted or name in started]
         self.models = {**{n: m for n, m in self.models.items() if n in wanted and n not in started}, **started}
         runtime_lengths = user_config.get("runtime_lengths_tokens", {})
@@ -248,23 +248,23 @@ class GroupReplica:
         metrics.placement_version().set(self.placement_version, tags={"group": self.group_name})
 
     async def _recycle_leaving(self, wanted: dict[str, ModelSpec], to_start: list[ModelSpec],
-                               restart_all: bool) -> list[list[list]]:
+                               restart_all: bool) -> dict[str, list[list]]:
         """The stage actors of models that leave this group, drained and handed over for the models that arrive
-        to reload in place (one leaving model's actors per arriving model): a swap then costs its weights, not the
+        to reload in place (arriving model name -> one leaving model's actors): a swap then costs its weights, not the
         seconds of starting processes (on this project's 2-core machine those seconds also slow every group).
         Only a leaving model is recycled (the ingress no longer routes it here, so draining it first delays no
         request), only under an unchanged parallel configuration without tensor parallelism (a shard's process
         group is bound to its peers)."""
         if restart_all or self.config is None or self.config.intra_op_degree != 1:
-            return []
-        arriving = [spec for spec in to_start if spec.name not in self.models]
-        leaving = [name for name in self.models if name not in wanted][:len(arriving)]
-        recycled = []
-        for name in leaving:
-            hosted = self.models.pop(name)
+            return {}
+        arriving = [spec.name for spec in to_start if spec.name not in self.models]
+        leaving = [name for name in self.models if name not in wanted]
+        recycled = {}
+        for arrives, leaves in zip(arriving, leaving):
+            hosted = self.models.pop(leaves)
             await self._drain(hosted)
-            recycled.append(hosted.runtime.release())
-            logger.info("group %s: dropped %s, its stage actors kept for an arriving model", self.group_name, name)
+            recycled[arrives] = hosted.runtime.release()
+            logger.info("group %s: dropped %s, its stage actors kept for %s", self.group_name, leaves, arrives)
         return recycled
 
     async def _drain(self, hosted: HostedModel) -> None:
