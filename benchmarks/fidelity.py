@@ -18,7 +18,9 @@ half time. Each request embeds a batch of passages, so that its model compute ou
    scaled by the factor at which the simulator reproduces the replay's SLO attainment
    (`placement/alpaserve/service_calibration.py`, the fit the controller repeats online).
 3. **Static run**: the controller paused; the trace replayed through the ingress (Python handle API).
-4. **Controller run**: the placement reset, the controller on (period `--period-s`); the same trace replayed.
+4. **Controller run**: the placement reset; a warm-up (`WARMUP_S` of traffic at the opening shares, its own seed,
+   the controller paused, not scored) so that it starts as the static run does; then the controller on (period
+   `--period-s`) and the same trace replayed.
 5. **Simulate** both runs on the same requests. The controller run piecewise on the placements in force (switching
    when each re-placement finished), each span with the controller's service-time factor in force (fitted on the
    records before it: the simulator as the controller recalibrates it online; `abs_gap`); for comparison with the
@@ -33,7 +35,9 @@ Steps 3-5 run on NUM_TRACES (3) traces with different seeds in one run. Final JS
 and controller_gain_real_mean (controller run minus static run, second half, per trace), abs_gap_max (controller
 run, real vs simulated), transition_cost_predicted and transition_cost_real (attainment lost per request while a
 rollout runs: the decision's prediction vs the live run against the target simulated as deployed), reaction_s (the
-shift at half time to the first re-placement applied after it), failed_accepted, unchanged_p99_ratio (step 6), and
+shift at half time to the first re-placement applied after it), real_repeat_diff_max_abs (the live system's own
+repeatability: controller run minus static run, real, on the requests before the first re-placement began, where
+trace and placement are the same), failed_accepted, unchanged_p99_ratio (step 6), and
 per trace its figures, decisions and re-placements. A PNG timeline (rate per model, attainment per window, real and
 simulated through the rollouts, re-placements) goes to benchmarks/out/fidelity.png, every replayed request with the
 placements and factors in force to benchmarks/out/fidelity_records.json (to score other simulator settings offline).
@@ -81,6 +85,14 @@ TEXTS = [f"passage {k}: plexserve keeps a running deployment matched to its traf
 #: Calibration replay (step 2): seconds of its trace, and the seed offset that keeps it apart from the scored traces.
 CALIBRATION_S = 30.0
 CALIBRATION_SEED_OFFSET = 1000
+#: Warm-up before each controller run (controller paused, never scored): seconds of traffic at the trace's opening
+#: shares, and the seed offset of that traffic. The static run follows the previous trace's controller run, whose
+#: end keeps both devices busy as the trace's opening does; the controller run would follow the static run's end, one
+#: device saturated and the other nearly idle, and its service-time refit (a window of
+#: `ServiceCalibrationSettings.window_s`, 30 s) would carry that end into its first half. The warm-up gives both runs
+#: the same kind of start. Its own seed: the refit must not see the scored requests before they are scored.
+WARMUP_S = 25.0
+WARMUP_SEED_OFFSET = 2000
 #: SLO of the profiling deployment, ms: nothing is refused there, so the profiles see every request's latency.
 PROFILING_SLO_MS = 10_000.0
 #: Lone requests per model when profiling (the median is kept).
@@ -489,13 +501,16 @@ def write_records(path: Path, traces: list[dict], lone_s: dict[str, float], batc
         return {"latency_s": [None if np.isnan(x) else float(x) for x in run["latency"]],
                 "outcome": run["outcome"].tolist()}
 
+    def requests(workload) -> dict:
+        return {"model_names": list(workload.model_names), "arrival_s": workload.arrival_s.tolist(),
+                "model": workload.model.tolist(), "slo_s": workload.slo_s.tolist()}
+
     records = {
         "lone_service_s": lone_s, "batch_ratio": batch_ratio, "request_overhead_s": simulated.request_overhead_s,
         "host_contention_per_busy_device": simulated.host_contention_per_busy_device,
-        "period_s": period_s, "duration_s": duration_s,
-        "traces": [{"seed": t["seed"], "model_names": list(t["trace"].model_names),
-                    "arrival_s": t["trace"].arrival_s.tolist(), "model": t["trace"].model.tolist(),
-                    "slo_s": t["trace"].slo_s.tolist(), "static": run_records(t["static"]),
+        "period_s": period_s, "duration_s": duration_s, "warmup_s": WARMUP_S,
+        "traces": [{"seed": t["seed"], **requests(t["trace"]), "static": run_records(t["static"]),
+                    "warmup": {**requests(t["warmup_trace"]), **run_records(t["warmup"])},
                     "dynamic": run_records(t["dynamic"]),
                     "initial": [g.models for g in t["initial"].groups],
                     "placements": [(at, [g.models for g in placement.groups])
@@ -652,10 +667,11 @@ async def controller_trace(handle, controller, profile_sets: dict, transition, s
     log.info("static run (controller paused), seed %d", seed)
     static = await replay(handle, trace, slo_s)
 
-    log.info("controller run, seed %d", seed)
     await controller.apply_placement.remote(initial_groups, "benchmark reset")
-    # The controller's window still holds the static run's last period (its c-heavy end): let it age out first.
-    await asyncio.sleep(period_s)
+    log.info("warm-up (controller paused, not scored), seed %d: %.0f s at the opening shares", seed, WARMUP_S)
+    warmup_trace = make_trace(total_rate, 2 * WARMUP_S, slo_s, seed=seed + WARMUP_SEED_OFFSET).window(0.0, WARMUP_S)
+    warmup = await replay(handle, warmup_trace, slo_s)
+    log.info("controller run, seed %d", seed)
     first_id = len(await controller.history.remote())
     # The controller's service-time factor when the run starts (refitted every period while paused too), on its base
     # profiles.
@@ -703,11 +719,17 @@ async def controller_trace(handle, controller, profile_sets: dict, transition, s
         if len(span):
             deployed = simulate_piecewise([(-np.inf, target, 1.0)], profiles, trace.take(span), simulated)
             real_costs.append(float(deployed.mean() - dynamic["met"][span].mean()))
+    # The live system's own repeatability: both runs on the requests before the first re-placement began (same
+    # trace, same placement; only the controller's decisions and the run's moment differ).
+    before_move = trace.arrival_s < (rollouts[0][0] if rollouts else duration_s)
+    repeat_diff = (float(dynamic["met"][before_move].mean() - static["met"][before_move].mean())
+                   if before_move.any() else None)
     shift_s = duration_s / 2
     after_shift = [t for t in changes if t >= shift_s]
     second = trace.arrival_s >= shift_s
     return {
         "seed": seed, "requests": len(trace), "trace": trace, "initial": initial, "static": static, "dynamic": dynamic,
+        "warmup_trace": warmup_trace, "warmup": warmup, "real_repeat_diff": repeat_diff,
         "static_sim": static_sim, "dynamic_sim": dynamic_sim, "dynamic_through": dynamic_through, "changes": changes,
         "timeline": timeline, "online_scales": online,
         "attainment_sim_through_rollout": float(dynamic_through.mean()),
@@ -817,7 +839,7 @@ async def run(args) -> dict:
     failed_accepted = int(sum(t["failed_during_replay"] for t in traces) + burst["failed"] + steady["failed"])
     per_trace = [{k: v for k, v in t.items()
                   if k not in ("trace", "initial", "static", "dynamic", "static_sim", "dynamic_sim", "dynamic_through",
-                               "changes", "timeline", "online_scales")}
+                               "changes", "timeline", "online_scales", "warmup_trace", "warmup")}
                  for t in traces]
     gains = [t["controller_gain_real"] for t in traces]
     present = lambda key: [t[key] for t in traces if t[key] is not None]  # noqa: E731
@@ -827,6 +849,8 @@ async def run(args) -> dict:
         "abs_gap_through_rollout_max": max(t["abs_gap_through_rollout"] for t in traces),
         "abs_gap_offline_max": max(t["abs_gap_offline"] for t in traces),
         "static_abs_gap_max": max(t["static_abs_gap"] for t in traces),
+        "real_repeat_diff_max_abs": max(abs(d) for d in present("real_repeat_diff")) if present("real_repeat_diff")
+        else None,
         "transition_cost_predicted": (float(np.mean(present("transition_cost_predicted")))
                                       if present("transition_cost_predicted") else None),
         "transition_cost_real": (float(np.mean(present("transition_cost_real"))) if present("transition_cost_real")

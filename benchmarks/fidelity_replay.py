@@ -11,8 +11,9 @@ simulates the controller run piecewise on the placements in force with the facto
 (`planning.simulation.host_contention_per_busy_device`; "recorded" is what the run measured).
 
 Approximations, named: the chain starts at factor 1.0 with the first trace's static run (the live controller had
-also refitted on the calibration replay, whose records are not kept); the controller run follows its static run
-after one period (the benchmark also waits for the placement reset).
+also refitted on the calibration replay, whose records are not kept); the warm-up follows the static run at once and
+the controller run follows the warm-up at once (the benchmark also waits for the placement reset and for the last
+answers). Records written before the warm-up existed: the controller run follows its static run after one period.
 
     python benchmarks/fidelity_replay.py --quick [--records benchmarks/out/fidelity_records.json]
 """
@@ -85,6 +86,7 @@ class RefitReplay:
                                    planner=PlannerConfig(max_group_devices=1, simulator=self.simulated),
                                    calibration=ServiceCalibrationSettings(window_s=window_s))
         self.window_s = max(window_s, self.period_s)
+        self.warmup_s = float(records.get("warmup_s", 0.0))
         slo = max(max(t["slo_s"]) for t in records["traces"])
         self.settle_s = calibration_settle_s(slo, REPORT_PERIOD_S, self.period_s)
 
@@ -105,8 +107,8 @@ class RefitReplay:
         return self.policy.service_scale
 
     def trace_gap(self, trace: dict) -> float:
-        """Refit through the trace's static run, then its controller run; simulated minus real attainment of the
-        controller run."""
+        """Refit through the trace's static run (and warm-up), then its controller run; simulated minus real
+        attainment of the controller run."""
         from placement.core.workload import Workload
 
         workload = workload_of(trace)
@@ -115,13 +117,20 @@ class RefitReplay:
         static_latency = latencies_of(trace["static"])
         for now in np.arange(self.period_s, duration + self.period_s, self.period_s):
             self.refit(initial, workload, static_latency, float(now), 0.0)
-        # The controller run, one period after the static one, on the same clock: the static run's records stay in
-        # the window.
+        # One clock for the static run, the warm-up (or, in older records, one idle period) and the controller run:
+        # the records before the controller run stay in its refit's window.
+        parts = [(workload, static_latency, 0.0)]
         offset = duration + self.period_s
-        both = Workload.merge([workload, Workload(workload.model_names, workload.arrival_s + offset, workload.model,
-                                                  workload.slo_s)])
-        order = np.argsort(np.concatenate([workload.arrival_s, workload.arrival_s + offset]), kind="stable")
-        latency = np.concatenate([static_latency, latencies_of(trace["dynamic"])])[order]
+        if "warmup" in trace:
+            warmup = workload_of(trace["warmup"])
+            parts.append((warmup, latencies_of(trace["warmup"]), duration))
+            offset = duration + self.warmup_s
+        parts.append((workload, latencies_of(trace["dynamic"]), offset))
+        both = Workload.merge([Workload(w.model_names, w.arrival_s + at, w.model, w.slo_s) for w, _, at in parts])
+        order = np.argsort(np.concatenate([w.arrival_s + at for w, _, at in parts]), kind="stable")
+        latency = np.concatenate([lat for _, lat, _ in parts])[order]
+        for now in np.arange(duration + self.period_s, offset, self.period_s):  # paused through the warm-up
+            self.refit(initial, both, latency, float(now), 0.0)
         changes = [(float(at), placement_of(groups)) for at, groups in trace["placements"]]
         scales = [(-np.inf, self.policy.service_scale)]
         for decided_s, _ in trace["online_scales"]:

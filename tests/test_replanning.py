@@ -145,6 +145,23 @@ def test_a_shift_decision_fits_the_traffic_since_the_shift():
         since["c"].rate_per_s)
 
 
+def test_a_move_after_a_burst_is_not_confirmed_on_the_longer_window_and_one_after_a_shift_is():
+    """A shift decision fits the 5 s since the shift; its move must also gain min_gain on the policy's 30 s fit."""
+    steady = [poisson(2.0, 60.0, k) for k in range(3)]  # 2 requests/s of each model, and a's last 3 s at 20/s
+    burst = ObservedTraffic(MODELS, [np.sort(np.concatenate([steady[0], 57.0 + poisson(20.0, 3.0, 7)])), *steady[1:]],
+                            60.0, [SLO_S] * 3)
+    replan = ReplanPolicy(profiles=PROFILES, num_devices=3, device_memory_bytes=16 * GIB,
+                          planner=PlannerConfig(max_group_devices=2), min_gain=0.02, fit_window_s=30.0)
+    after_burst = replan.decide(one_per_device(), burst, fit_window_s=5.0)
+    move = max(after_burst.candidates, key=lambda c: c.through_rollout_attainment)
+    assert move.through_rollout_attainment - after_burst.candidate("keep").through_rollout_attainment >= 0.02
+    assert after_burst.chosen == "keep" and "not confirmed" in after_burst.reason
+    assert after_burst.confirmation_gain is not None and after_burst.confirmation_gain < 0.02
+    after_shift = replan.decide(one_per_device(), traffic({"a": 25.0}), fit_window_s=5.0)
+    assert after_shift.chosen != "keep" and after_shift.confirmation_gain >= 0.02
+    assert replan.decide(one_per_device(), traffic({"a": 25.0})).confirmation_gain is None  # a period decision
+
+
 def test_a_large_shift_still_pays_for_its_rollout():
     decision = policy().decide(one_per_device(), traffic({"a": 25.0}))
     chosen = decision.candidate(decision.chosen)

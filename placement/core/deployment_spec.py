@@ -201,7 +201,9 @@ class ControllerSpec(_Strict):
     calibration: ServiceCalibrationSettings = Field(default_factory=ServiceCalibrationSettings,
                                                     description="How the service-time factor is fitted.")
     shift_detection: bool = Field(default=True, description="Decide early when a per-model rate shift is detected "
-                                                            "(two-window rate test), at most once per cooldown_s.")
+                                                            "(two-window rate test), at most once per cooldown_s; a "
+                                                            "move judged on the traffic since the shift must also "
+                                                            "gain min_gain on the fit_window_s fit.")
     shift_window_s: float = Field(default=5.0, gt=0,
                                   description="Seconds of each of the two windows the shift test compares.")
     shift_z: float = Field(default=4.0, gt=0,

@@ -285,6 +285,7 @@ class PlacementController:
         entry: dict[str, Any] = {"observed": observed, "reason": decision.reason, "chosen": decision.chosen,
                                  "in_sample_choice": decision.in_sample_choice, "horizon_s": decision.horizon_s,
                                  "predicted_gain": decision.predicted_gain, "planning_s": decision.planning_s,
+                                 "confirmation_gain": decision.confirmation_gain,
                                  "traffic": {m: f.model_dump() for m, f in decision.traffic.items()},
                                  "candidates": [{"name": c.name, "predicted_attainment": c.predicted_attainment,
                                                  "in_sample_attainment": c.in_sample_attainment,
