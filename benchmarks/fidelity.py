@@ -91,7 +91,7 @@ CALIBRATION_SEED_OFFSET = 1000
 #: device saturated and the other nearly idle, and its service-time refit (a window of
 #: `ServiceCalibrationSettings.window_s`, 30 s) would carry that end into its first half. The warm-up gives both runs
 #: the same kind of start. Its own seed: the refit must not see the scored requests before they are scored.
-WARMUP_S = 25.0
+WARMUP_S = 20.0
 WARMUP_SEED_OFFSET = 2000
 #: SLO of the profiling deployment, ms: nothing is refused there, so the profiles see every request's latency.
 PROFILING_SLO_MS = 10_000.0

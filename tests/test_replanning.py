@@ -157,8 +157,10 @@ def test_a_move_after_a_burst_is_not_confirmed_on_the_longer_window_and_one_afte
     assert move.through_rollout_attainment - after_burst.candidate("keep").through_rollout_attainment >= 0.02
     assert after_burst.chosen == "keep" and "not confirmed" in after_burst.reason
     assert after_burst.confirmation_gain is not None and after_burst.confirmation_gain < 0.02
+    assert after_burst.recheck_window_s(5.0) == 10.0  # looked at again 5 s later, on the 10 s since the shift
     after_shift = replan.decide(one_per_device(), traffic({"a": 25.0}), fit_window_s=5.0)
     assert after_shift.chosen != "keep" and after_shift.confirmation_gain >= 0.02
+    assert after_shift.recheck_window_s(5.0) is None
     assert replan.decide(one_per_device(), traffic({"a": 25.0})).confirmation_gain is None  # a period decision
 
 

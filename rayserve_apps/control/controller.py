@@ -19,7 +19,9 @@ unless a rollout ran in the period just past; the factor is logged
 (the placement stays frozen; the factor stays current for when decisions resume).
 Between two periods a two-window rate test on the reported traffic (`detect_rate_shifts`) may trigger the decision
 early (trigger 'shift' in the log), at most once per `cooldown_s` after the last decision; such a decision judges
-the candidates on the traffic since the shift (the test's later window), not on the whole period.
+the candidates on the traffic since the shift (the test's later window), not on the whole period. A move it
+suggests that the policy's longer fit does not confirm gets one second look a shift window later, on the traffic
+since the shift (trigger 'shift_recheck').
 
 Runtime allocation (each text model with `policies.polymorphing: {name: arlo}` outside the groups; Arlo §3.3):
 `runtime_allocations.py` re-solves the model's runtime counts from the input lengths of its last allocation period
@@ -126,6 +128,9 @@ class PlacementController:
         self.last_group_decision_s = started
         #: Wall-clock time the last rollout ended (its window does not calibrate the service times).
         self.layout_changed_s = 0.0
+        #: A shift decision's unconfirmed move: when (time.monotonic()) to look again, and on how many seconds.
+        self.recheck_at_s: float | None = None
+        self.recheck_window_s: float | None = None
         #: While paused the periodic decisions are skipped (an operator freezing the placement); `replan_now` and
         #: `apply_placement` still work.
         self.paused = False
@@ -211,6 +216,14 @@ class PlacementController:
             await asyncio.sleep(min(SHIFT_POLL_S, max(deadline - time.monotonic(), 0.0)))
             if self.paused or not (self.groups_enabled and self.settings.shift_detection):
                 continue
+            if self.recheck_at_s is not None and time.monotonic() >= self.recheck_at_s:
+                window_s = self.recheck_window_s
+                try:
+                    await self._logged("shift_recheck", lambda: self._decide_and_apply(fit_window_s=window_s))
+                except Exception:  # noqa: BLE001 - one failed decision must not stop the controller
+                    logger.exception("placement controller: decision failed")
+                deadline = time.monotonic() + self.settings.period_s
+                continue
             cooldown_s = self.settings.cooldown_s or self.settings.period_s / 2
             if time.time() - self.last_group_decision_s < cooldown_s:
                 continue
@@ -274,6 +287,7 @@ class PlacementController:
         the traffic since the shift (`fit_window_s`: the shift test's window)."""
         now = time.time()
         self.last_group_decision_s = now
+        self.recheck_at_s = None  # any decision answers a pending second look
         traffic = self.window.observed(now, self.models, self.slo_s)
         observed = {name: {"requests": s.requests, "answered": s.answered, "slo_met": s.slo_met, "rejected": s.rejected,
                            "failed": s.failed, "attainment": s.attainment}
@@ -297,6 +311,9 @@ class PlacementController:
             entry["service_calibration"] = calibration.to_json()
         if shifts is not None:
             entry["shifts"] = shifts
+            self.recheck_window_s = decision.recheck_window_s(fit_window_s)
+            if self.recheck_window_s is not None:
+                self.recheck_at_s = time.monotonic() + fit_window_s
         if decision.chosen == "keep":
             entry["outcome"] = "idle" if not any(len(a) for a in traffic.arrival_s) else "kept"
             return entry
