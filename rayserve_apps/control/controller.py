@@ -217,7 +217,7 @@ class PlacementController:
             if self.paused or not (self.groups_enabled and self.settings.shift_detection):
                 continue
             if self.recheck_at_s is not None and time.monotonic() >= self.recheck_at_s:
-                window_s = self.recheck_window_s
+                window_s, self.recheck_at_s = self.recheck_window_s, None  # one second look, even if it fails
                 try:
                     await self._logged("shift_recheck", lambda: self._decide_and_apply(fit_window_s=window_s))
                 except Exception:  # noqa: BLE001 - one failed decision must not stop the controller
