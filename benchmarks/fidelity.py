@@ -492,9 +492,9 @@ def with_online_scales(timeline: list[tuple], scales: list[tuple[float, float]])
 
 def write_records(path: Path, traces: list[dict], lone_s: dict[str, float], batch_ratio: dict[int, float],
                   simulated: SimulatorConfig, period_s: float, duration_s: float) -> None:
-    """Every replayed request of both runs of each trace (arrival, model, SLO; latency and outcome, real) with the
-    placements and factors in force, so that other simulator settings can be scored on this run's records offline
-    (`benchmarks/fidelity_replay.py`)."""
+    """Every replayed request of both runs of each trace and of its warm-up (arrival, model, SLO; latency and
+    outcome, real) with the placements and factors in force, so that other simulator settings can be scored on this
+    run's records offline (`benchmarks/fidelity_replay.py`)."""
     import json
 
     def run_records(run: dict) -> dict:

@@ -267,13 +267,12 @@ class ReplanPolicy:
         """The move's gain over keeping (held out, through the rollout) on the traffic fitted over the policy's own
         `fit_window_s` (see the module doc)."""
         _, rates, cvs = self.fit(traffic)
-        planning = self.workload(traffic, rates, cvs, duration_s=max(horizon_s, MIN_HORIZON_S))
-        held_out = self.held_out(traffic, rates, cvs)
-        if not len(planning):
+        if not rates.any():
             return 0.0
-        keep_again, move_again = (self._judge(c.name, c.placement, c.move, current, planning, held_out, horizon_s)
-                                  for c in (keep, move))
-        return move_again.through_rollout_attainment - keep_again.through_rollout_attainment
+        held_out = self.held_out(traffic, rates, cvs)
+        keep_through, move_through = (self._held_out_scores(c.name, c.placement, current, held_out, horizon_s)[1]
+                                      for c in (keep, move))
+        return move_through - keep_through
 
     def _proposals(self, current: Placement, names: Sequence[str],
                    planning: Workload) -> list[tuple[CandidateName, Placement, str]]:
@@ -303,19 +302,24 @@ class ReplanPolicy:
         if not len(planning):
             return Candidate(name=name, placement=placement, predicted_attainment=1.0, in_sample_attainment=1.0,
                              through_rollout_attainment=1.0, move=move)
-        deployed = float(np.mean([self._attainment(placement, w) for w in held_out]))
-        through, transition_s = deployed, 0.0
-        if self.transition is not None and name != "keep":
-            slots = self.num_slots or max(self.num_devices, len(current.groups), len(placement.groups))
-            spans, transition_s = rollout_timeline(SlotLayout.from_placement(current, slots), placement, self.profiles,
-                                                   self.num_devices, self.transition, horizon_s,
-                                                   self.max_changes_per_step)
-            through = float(np.mean([attainment_through(spans, self.profiles, w, self.planner.simulator,
-                                                        self._loading_profiles)
-                                     for w in held_out]))
+        deployed, through, transition_s = self._held_out_scores(name, placement, current, held_out, horizon_s)
         return Candidate(name=name, placement=placement, predicted_attainment=deployed,
                          in_sample_attainment=self._attainment(placement, planning), through_rollout_attainment=through,
                          transition_s=transition_s, move=move)
+
+    def _held_out_scores(self, name: CandidateName, placement: Placement, current: Placement,
+                         held_out: Sequence[Workload], horizon_s: float) -> tuple[float, float, float]:
+        """A candidate on the held-out resamples: its mean attainment as deployed, through its rollout from
+        `current` (as deployed for keep, or without a transition model), and the rollout's seconds."""
+        deployed = float(np.mean([self._attainment(placement, w) for w in held_out]))
+        if self.transition is None or name == "keep":
+            return deployed, deployed, 0.0
+        slots = self.num_slots or max(self.num_devices, len(current.groups), len(placement.groups))
+        spans, transition_s = rollout_timeline(SlotLayout.from_placement(current, slots), placement, self.profiles,
+                                               self.num_devices, self.transition, horizon_s, self.max_changes_per_step)
+        through = float(np.mean([attainment_through(spans, self.profiles, w, self.planner.simulator,
+                                                    self._loading_profiles) for w in held_out]))
+        return deployed, through, transition_s
 
     def _attainment(self, placement: Placement, workload: Workload) -> float:
         return simulate(placement, self.profiles, workload, self.planner.simulator).slo_attainment()
