@@ -21,10 +21,13 @@ half time. Each request embeds a batch of passages, so that its model compute ou
 4. **Controller run**: the placement reset; a warm-up (`WARMUP_S` of traffic at the opening shares, its own seed,
    the controller paused, not scored) so that it starts as the static run does; then the controller on (period
    `--period-s`) and the same trace replayed.
-5. **Simulate** both runs on the same requests. The controller run piecewise on the placements in force (switching
-   when each re-placement finished), each span with the controller's service-time factor in force (fitted on the
-   records before it: the simulator as the controller recalibrates it online; `abs_gap`); for comparison with the
-   offline calibration alone (`abs_gap_offline`) and with the profiles scaled to the throughput probe
+5. **Simulate** both runs on the same requests. The controller run piecewise through its rollouts: the placement in
+   force until each re-placement began, then each rollout step's routes, with the loading slowdown while a step
+   loads (`placement.alpaserve.transition`, the transition model the controller prices moves with), then the new
+   placement; each span with the controller's service-time factor in force (fitted on the records before it: the
+   simulator as the controller recalibrates it online; `abs_gap`). For comparison: the same with each re-placement
+   switched in at once when it finished (`abs_gap_at_rollout_end`), with the offline calibration alone
+   (`abs_gap_offline`, also switched at the end) and with the profiles scaled to the throughput probe
    (`attainment_sim_throughput_scaled`). The static run with the offline calibration.
 6. **Re-placement under steady load**: Poisson traffic to minilm-a (alone on its group) and minilm-b while an
    operator re-placement loads minilm-c beside minilm-b; the p99 latency of minilm-a, whose group does not change,
@@ -33,12 +36,12 @@ half time. Each request embeds a batch of passages, so that its model compute ou
 
 Steps 3-5 run on NUM_TRACES (3) traces with different seeds in one run. Final JSON line: controller_gain_real_min
 and controller_gain_real_mean (controller run minus static run, second half, per trace), abs_gap_max (controller
-run, real vs simulated), transition_cost_predicted and transition_cost_real (attainment lost per request while a
-rollout runs: the decision's prediction vs the live run against the target simulated as deployed), reaction_s (the
-shift at half time to the first re-placement applied after it), real_repeat_diff_max_abs (the live system's own
-repeatability: controller run minus static run, real, on the requests before the first re-placement began, where
-trace and placement are the same), failed_accepted, unchanged_p99_ratio (step 6), and
-per trace its figures, decisions and re-placements. A PNG timeline (rate per model, attainment per window, real and
+run, real vs simulated through its rollouts), transition_cost_predicted and transition_cost_real (attainment lost
+per request while a rollout runs: the decision's prediction vs the live run against the target simulated as
+deployed), reaction_s (the shift at half time to the first re-placement applied after it), real_repeat_diff_max_abs
+(the live system's own repeatability: controller run minus static run, real, on the requests before the first
+re-placement began, where trace and placement are the same), failed_accepted, unchanged_p99_ratio (step 6), and per
+trace its figures, decisions and re-placements. A PNG timeline (rate per model, attainment per window, real and
 simulated through the rollouts, re-placements) goes to benchmarks/out/fidelity.png, every replayed request with the
 placements and factors in force to benchmarks/out/fidelity_records.json (to score other simulator settings offline).
 
@@ -104,8 +107,13 @@ PROFILE_BATCH_REQUESTS = 8
 #: (TCB's default rows, MiniLM's input limit), which holds six of these requests' passages; beyond the profiled
 #: sizes the simulator extrapolates the last slope.
 MAX_BATCH_REQUESTS = 6
-#: Lone requests timed before a model loads, against which the requests during the load give the loading slowdown.
-SLOWDOWN_BASELINE_REQUESTS = 10
+#: Loading slowdown under load: closed-loop clients that keep both devices busy, seconds of their throughput timed
+#: before any load, and the swaps timed meanwhile (back and forth, each reloading the leaving model's actors).
+LOADED_CLIENTS = 8
+LOADED_BASELINE_S = 4.0
+LOADED_SWAPS = 4
+#: Largest loading slowdown reported: a step that answers (almost) nothing while it loads.
+MAX_LOADING_SLOWDOWN = 10.0
 #: Lone requests timed with the other device idle, then busy (the host-contention probe; the median is kept).
 CONTENTION_REQUESTS = 30
 #: Requests in flight that keep the other device busy during the host-contention probe.
@@ -151,13 +159,15 @@ def model_weight_bytes() -> int:
 
 async def measure_transition(spec: dict) -> tuple[float, TransitionModel]:
     """What a rollout step costs, measured on the profiling deployment (every model on both devices) as the
-    controller runs a step: the seconds to load a model's weights into a running group's stage actors (`load_s`,
-    kept with the profiles: a swap, whose arriving model reloads the leaving model's actors, until the group
-    reports the new version, minus one config round trip), the seconds to start a model's stage actor processes
-    (`actor_start_s`: a model added with none leaving, minus the swap), the seconds of a step besides loading (two
-    ingress-only applies: routing before and after the change), and the slowdown of serving while a model starts
-    and loads (median latency of lone requests straight to the other group, during the load against just before
-    it)."""
+    controller runs a step: the seconds of a step besides loading (`step_overhead_s`: two ingress-only applies,
+    routing before and after the change), the seconds to start a model's stage actor processes (`actor_start_s`: a
+    model added with none leaving, minus an unloaded swap), and, with both devices kept busy by closed-loop clients
+    (the controller moves when traffic is high), the seconds to load a model's weights into a running group's stage
+    actors (`load_s`, kept with the profiles: a swap, whose arriving model reloads the leaving model's actors, until
+    the group reports the new version, minus one route) and the loading slowdown: the share of the clients' answers
+    the swaps lost against the throughput just before them, charged to the loading part of each step as the
+    transition model charges it (`loaded_slowdown`). Lone requests beside an idle group understate it: loading and
+    serving then have a core each."""
     from ray import serve
 
     from placement.alpaserve.placement_rollout import SlotLayout
@@ -170,46 +180,69 @@ async def measure_transition(spec: dict) -> tuple[float, TransitionModel]:
     parsed = parse_spec(spec)
     ingress = serve.get_deployment_handle(INGRESS_DEPLOYMENT, app_name="plexserve")
     loading_group = serve.get_deployment_handle(group_deployment_name(1), app_name="plexserve")
-    serving_group = serve.get_deployment_handle(group_deployment_name(0), app_name="plexserve")
+    versions = {"ingress": 0, "group": 0, "models": None}
 
-    async def apply(groups: list[list[str]], slot_versions: list[int], version: int) -> float:
+    async def apply(groups: list[list[str]]) -> tuple[float, float]:
+        """Apply a placement (group 0 keeps every model; group 1's version moves only when its models change, else
+        the apply re-routes the ingress alone); its (start, end) on perf_counter."""
+        versions["ingress"] += 1
+        if groups[1] != versions["models"]:
+            versions["group"] += 1
+            versions["models"] = groups[1]
         layout = SlotLayout.from_placement(Placement.model_validate({"groups": [one_device_group(g) for g in groups]}),
                                            len(groups))
         started = time.perf_counter()
-        await asyncio.to_thread(apply_overrides, "plexserve",
-                                layout_overrides(parsed, layout, layout.routes(), slot_versions, version))
-        while (await ingress.placement_version.remote() < version
-               or (await loading_group.info.remote())["placement_version"] < slot_versions[1]):
+        await asyncio.to_thread(apply_overrides, "plexserve", layout_overrides(
+            parsed, layout, layout.routes(), [1, versions["group"]], versions["ingress"]))
+        while (await ingress.placement_version.remote() < versions["ingress"]
+               or (await loading_group.info.remote())["placement_version"] < versions["group"]):
             await asyncio.sleep(0.1)
-        return time.perf_counter() - started
+        return started, time.perf_counter()
 
-    token_ids = token_ids_of_request()
-
-    def lone_request():
-        return timed(serving_group.embed_token_ids.remote(MODELS[0], token_ids))
-
-    async def lone_latencies_until(done: asyncio.Event) -> list[float]:
-        latencies: list[float] = []
-        while not done.is_set():
-            latencies.append(await lone_request())
-        return latencies
+    def seconds(span: tuple[float, float]) -> float:
+        return span[1] - span[0]
 
     a, b, c = MODELS
-    await apply([MODELS, [a, b]], [1, 1], 1)  # minilm-c leaves group 1
-    swap_step_s = await apply([MODELS, [a, c]], [1, 2], 2)  # a swap: c reloads b's stage actors
-    baseline = [await lone_request() for _ in range(SLOWDOWN_BASELINE_REQUESTS)]
-    loaded = asyncio.Event()
-    during = asyncio.ensure_future(lone_latencies_until(loaded))
-    add_step_s = await apply([MODELS, MODELS], [1, 3], 3)  # b arrives with none leaving: new actor processes
-    loaded.set()
-    slowdown = max(1.0, float(np.median(await during)) / float(np.median(baseline)))
-    route_s = await apply([MODELS, MODELS], [1, 3], 4)  # the ingress alone
-    load_s = max(swap_step_s - route_s, 0.0)
+    await apply([MODELS, [a, b]])  # minilm-c leaves group 1
+    swap_step_s = seconds(await apply([MODELS, [a, c]]))  # a swap: c reloads b's stage actors
+    add_step_s = seconds(await apply([MODELS, MODELS]))  # b arrives with none leaving: new actor processes
+    route_s = seconds(await apply([MODELS, MODELS]))  # the ingress alone
+    await apply([MODELS, [a, b]])
+
+    # Under load: the clients' answers (perf_counter at each) through the baseline and the swaps.
+    answered: list[float] = []
+    stop = asyncio.Event()
+
+    async def client() -> None:
+        while not stop.is_set():
+            await ingress.embed.remote(a, TEXTS)  # minilm-a stays on both groups through every swap
+            answered.append(time.perf_counter())
+
+    clients = [asyncio.ensure_future(client()) for _ in range(LOADED_CLIENTS)]
+    await asyncio.sleep(1.0)  # the clients' first answers (queues filled)
+    baseline = (time.perf_counter(), time.perf_counter() + LOADED_BASELINE_S)
+    await asyncio.sleep(LOADED_BASELINE_S)
+    swaps = [await apply([MODELS, [a, c] if k % 2 == 0 else [a, b]]) for k in range(LOADED_SWAPS)]
+    stop.set()
+    await asyncio.gather(*clients)
+
+    def answers(span: tuple[float, float]) -> int:
+        return sum(span[0] <= t < span[1] for t in answered)
+
+    throughput = answers(baseline) / seconds(baseline)
+    swap_s = float(np.median([seconds(span) for span in swaps]))
+    load_s = max(swap_s - route_s, 0.0)
+    # The model's step: `route_s` at full speed, then `load_s` at 1/slowdown. The answers the swaps lost against the
+    # baseline all go to the loading part (a route's own cost included).
+    lost = sum(throughput * seconds(span) - answers(span) for span in swaps) / len(swaps)
+    kept = 1.0 - lost / (throughput * load_s) if throughput > 0 and load_s > 0 else 1.0
+    slowdown = min(max(1.0 / kept, 1.0), MAX_LOADING_SLOWDOWN) if kept > 0 else MAX_LOADING_SLOWDOWN
     transition = TransitionModel(step_overhead_s=2 * route_s, actor_start_s=max(add_step_s - swap_step_s, 0.0),
                                  loading_slowdown=slowdown)
-    log.info("rollout step: %.1f s to load a model's weights into a running group's actors, %.1f s to start its "
-             "actors first (serving %.2fx slower meanwhile), %.1f s to re-route", load_s, transition.actor_start_s,
-             slowdown, route_s)
+    log.info("rollout step: %.1f s to re-route; %.1f s to load a model's weights into a running group's actors "
+             "(%.1f s with the devices idle), %.1f s to start its actors first; with every device busy (%.1f "
+             "answers/s before the swaps) a load loses %.1f answers: serving %.2fx slower while it loads", route_s,
+             load_s, max(swap_step_s - route_s, 0.0), transition.actor_start_s, throughput, lost, slowdown)
     return load_s, transition
 
 
@@ -700,13 +733,15 @@ async def controller_trace(handle, controller, profile_sets: dict, transition, s
               if d.get("service_scale") is not None]
     online = [(-np.inf, scale_before)] + scales
     static_sim = simulate_piecewise([(-np.inf, initial, 1.0)], profiles, trace, simulated)
-    dynamic_sim = simulate_piecewise(with_online_scales(timeline, online), lone_profiles, trace, simulated)
-    # For comparison: the offline calibration alone, and the profiles scaled to the throughput probe.
+    # Through the rollouts, with the transition model the controller was given (measured step time, load time and
+    # loading slowdown): the primary figure.
+    dynamic_sim = simulate_piecewise(with_online_scales(through_rollouts(initial, rollouts, profiles, transition),
+                                                        online), lone_profiles, trace, simulated)
+    # For comparison: each re-placement switched in when it finished (no rollout), also with the offline calibration
+    # alone, and with the profiles scaled to the throughput probe.
+    dynamic_at_end = simulate_piecewise(with_online_scales(timeline, online), lone_profiles, trace, simulated)
     dynamic_sim_offline = simulate_piecewise(timeline, profiles, trace, simulated)
     dynamic_sim_probe = simulate_piecewise(timeline, throughput_profiles, trace, simulated)
-    # The transition model the controller was given (measured step time, load time and slowdown) predicts here too.
-    dynamic_through = simulate_piecewise(with_online_scales(through_rollouts(initial, rollouts, profiles, transition),
-                                                            online), lone_profiles, trace, simulated)
     # Transition cost, predicted: the chosen candidate's horizon loss (as deployed minus through its rollout) per
     # request of the rollout span; real: the attainment the target would have had over the rollout span's requests
     # (simulated as deployed) minus what the live system reached on them.
@@ -730,10 +765,10 @@ async def controller_trace(handle, controller, profile_sets: dict, transition, s
     return {
         "seed": seed, "requests": len(trace), "trace": trace, "initial": initial, "static": static, "dynamic": dynamic,
         "warmup_trace": warmup_trace, "warmup": warmup, "real_repeat_diff": repeat_diff,
-        "static_sim": static_sim, "dynamic_sim": dynamic_sim, "dynamic_through": dynamic_through, "changes": changes,
+        "static_sim": static_sim, "dynamic_sim": dynamic_sim, "dynamic_at_end": dynamic_at_end, "changes": changes,
         "timeline": timeline, "online_scales": online,
-        "attainment_sim_through_rollout": float(dynamic_through.mean()),
-        "abs_gap_through_rollout": abs(float(dynamic["met"].mean()) - float(dynamic_through.mean())),
+        "attainment_sim_at_rollout_end": float(dynamic_at_end.mean()),
+        "abs_gap_at_rollout_end": abs(float(dynamic["met"].mean()) - float(dynamic_at_end.mean())),
         "attainment_real": float(dynamic["met"].mean()), "attainment_sim": float(dynamic_sim.mean()),
         "abs_gap": abs(float(dynamic["met"].mean()) - float(dynamic_sim.mean())),
         "attainment_sim_offline": float(dynamic_sim_offline.mean()),
@@ -830,15 +865,15 @@ async def run(args) -> dict:
 
     last = traces[0]
     plot(out_dir() / "fidelity.png", last["trace"],
-         {"controller (real)": last["dynamic"]["met"], "controller (sim)": last["dynamic_sim"],
-          "controller (sim through rollouts)": last["dynamic_through"],
+         {"controller (real)": last["dynamic"]["met"], "controller (sim through rollouts)": last["dynamic_sim"],
+          "controller (sim, switched at rollout end)": last["dynamic_at_end"],
           "static (real)": last["static"]["met"],
           "static (sim)": last["static_sim"]},
          last["changes"], duration_s)
     write_records(out_dir() / "fidelity_records.json", traces, lone_s, batch_ratio, simulated, period_s, duration_s)
     failed_accepted = int(sum(t["failed_during_replay"] for t in traces) + burst["failed"] + steady["failed"])
     per_trace = [{k: v for k, v in t.items()
-                  if k not in ("trace", "initial", "static", "dynamic", "static_sim", "dynamic_sim", "dynamic_through",
+                  if k not in ("trace", "initial", "static", "dynamic", "static_sim", "dynamic_sim", "dynamic_at_end",
                                "changes", "timeline", "online_scales", "warmup_trace", "warmup")}
                  for t in traces]
     gains = [t["controller_gain_real"] for t in traces]
@@ -846,7 +881,7 @@ async def run(args) -> dict:
     figures = {
         "controller_gain_real_min": min(gains), "controller_gain_real_mean": float(np.mean(gains)),
         "abs_gap_max": max(t["abs_gap"] for t in traces),
-        "abs_gap_through_rollout_max": max(t["abs_gap_through_rollout"] for t in traces),
+        "abs_gap_at_rollout_end_max": max(t["abs_gap_at_rollout_end"] for t in traces),
         "abs_gap_offline_max": max(t["abs_gap_offline"] for t in traces),
         "static_abs_gap_max": max(t["static_abs_gap"] for t in traces),
         "real_repeat_diff_max_abs": max(abs(d) for d in present("real_repeat_diff")) if present("real_repeat_diff")

@@ -3,11 +3,12 @@
 `benchmarks/fidelity.py` writes every request it replayed (arrival, model, SLO, real latency and outcome, for the
 static and the controller run of each trace) with the placements in force to `benchmarks/out/fidelity_records.json`.
 This script scores other refit settings on those records without the live system (a live run takes 14 minutes and
-differs run to run by more than the settings do): for each setting it replays the controller's refits on the
-records (the policy's own `ReplanPolicy.calibrate`, every period while paused through the static run, then at each
-recorded decision of the controller run, never within a period of a re-placement, no earlier than it), and
-simulates the controller run piecewise on the placements in force with the factor in force (as `fidelity.py`'s
-`abs_gap`). Settings: the calibration window (`controller.calibration.window_s`) and the simulator's host contention
+differs run to run by more than the settings do): for each setting it replays the controller's refits on the records
+(the policy's own `ReplanPolicy.calibrate`, every period while paused through the static run, then at each recorded
+decision of the controller run, never within a period of a re-placement, no earlier than it), and simulates the
+controller run piecewise on the placements in force with the factor in force (as `fidelity.py`'s
+`abs_gap_at_rollout_end`: the records keep no rollout steps). Settings: the calibration window
+(`controller.calibration.window_s`) and the simulator's host contention
 (`planning.simulation.host_contention_per_busy_device`; "recorded" is what the run measured).
 
 Approximations, named: the chain starts at factor 1.0 with the first trace's static run (the live controller had
