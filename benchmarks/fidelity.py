@@ -497,16 +497,19 @@ def simulate_piecewise(timeline: list[tuple], profiles, workload, config: Simula
 
 def through_rollouts(initial, rollouts: list[tuple], profiles, transition) -> list[tuple]:
     """The controller run's timeline as the controller predicts it: each re-placement from the moment its rollout
-    began, step by step (`placement.alpaserve.transition.rollout_timeline`: what stays routed, loading slowdown)."""
+    began, step by step (`placement.alpaserve.transition.rollout_timeline`: what stays routed, loading slowdown),
+    with the loading slowdown the controller had in force when it decided (refitted online after each rollout)."""
     from placement.alpaserve.placement_rollout import SlotLayout
     from placement.alpaserve.transition import rollout_timeline
 
     timeline: list[tuple] = [(-np.inf, initial, 1.0)]
     current = initial
-    for begun, _, target, _, _ in rollouts:
+    for begun, _, target, _, decision in rollouts:
+        in_force = transition.model_copy(
+            update={"loading_slowdown": decision.get("loading_slowdown", transition.loading_slowdown)})
         spans, _ = rollout_timeline(SlotLayout.from_placement(current, NUM_DEVICES), target, profiles, NUM_DEVICES,
-                                    transition, horizon_s=0.0)
-        timeline += [(begun + span.start_s, span.placement, transition.loading_slowdown if span.loading else 1.0)
+                                    in_force, horizon_s=0.0)
+        timeline += [(begun + span.start_s, span.placement, in_force.loading_slowdown if span.loading else 1.0)
                      for span in spans]
         current = target
     return timeline
@@ -784,6 +787,9 @@ async def controller_trace(handle, controller, profile_sets: dict, transition, s
         "transition_cost_predicted": float(np.mean(predicted_costs)) if predicted_costs else None,
         "transition_cost_real": float(np.mean(real_costs)) if real_costs else None,
         "reaction_s": (after_shift[0] - shift_s) if after_shift else None,
+        "loading_slowdown_at_moves": [d.get("loading_slowdown") for d in applied],
+        "loading_slowdown_fits": [d["loading_calibration"]["slowdown"] for d in decisions
+                                  if "loading_calibration" in d],
         "decisions": [{"trigger": d.get("trigger"), "chosen": d.get("chosen"),
                        "in_sample_choice": d.get("in_sample_choice"),
                        "outcome": d.get("outcome"), "at_s": round(d["time_s"] - dynamic["start_wall"], 1),

@@ -173,6 +173,13 @@ def test_replacement_while_requests_flow_loses_none_and_restarts_only_changed_sl
     # then one more 1-device group starts on the freed device.
     kinds = [[(c["slot"], c["kind"]) for c in step] for step in applied_second["diff"]]
     assert kinds == [[(0, "replace")], [(3, "start")]]
+    # The controller kept that rollout as it ran, for the loading-slowdown refit: per step its Serve updates, then
+    # its slot change, which loads models (a replace and a start both do), in order within the rollout's seconds.
+    rollout = app["controller"].state.remote().result(timeout_s=TIMEOUT_S)["last_rollout"]
+    assert sum(span["loading"] for span in rollout["spans"]) == 2, rollout
+    bounds = [t for span in rollout["spans"] for t in (span["start_s"], span["end_s"])]
+    assert bounds == sorted(bounds) and bounds[0] >= 0 and bounds[-1] <= rollout["duration_s"] + 1e-6, rollout
+    assert all(span["serving"] for span in rollout["spans"])  # every model keeps a group throughout
     for name in ("group-1", "group-2"):  # untouched by the second re-placement: same processes
         assert after[name]["pid"] == middle[name]["pid"]
     assert (sorted(sorted(g["models"]) for g in after.values())

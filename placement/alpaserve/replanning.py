@@ -35,13 +35,16 @@ shift window later, on the traffic since the shift (`ReplanDecision.recheck_wind
 from the answered latencies of an observation (`service_calibration.py`: the simulator replays the window's real
 arrivals on the placement that served them and must reproduce their latency quantile); the candidates of later
 decisions are judged on the scaled profiles. The live system batches queued requests and shares its host, so lone
-profiled times misjudge it in either direction.
+profiled times misjudge it in either direction. With `calibration.refit_loading_slowdown`, `calibrate_transition`
+refits the transition model's loading slowdown on the requests that arrived during a rollout, replayed through
+its steps as they ran (`transition_calibration.py`), and later moves are priced with it.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
@@ -54,6 +57,13 @@ from placement.alpaserve.planner import PlannerConfig, place_unplaced, plan, sel
 from placement.alpaserve.service_calibration import ServiceCalibration, calibrate_service_scale, observed_workload
 from placement.alpaserve.simulator import simulate
 from placement.alpaserve.transition import TransitionModel, attainment_through, rollout_timeline, scaled_profiles
+from placement.alpaserve.transition_calibration import (
+    DEFAULT_POOLED_ROLLOUTS,
+    LoadingCalibration,
+    ObservedRollout,
+    RolloutRun,
+    calibrate_loading_slowdown,
+)
 from placement.core.calibration_settings import ServiceCalibrationSettings
 from placement.core.placement_plan import Placement
 from placement.core.profiles import ProfileSet
@@ -174,6 +184,8 @@ class ReplanPolicy:
         #: The factor in force on `base_profiles` and the last calibration behind it.
         self.service_scale = 1.0
         self.last_calibration: ServiceCalibration | None = None
+        #: The last rollouts as they ran, with their requests: what the loading slowdown is refitted on.
+        self.observed_rollouts: deque[ObservedRollout] = deque(maxlen=DEFAULT_POOLED_ROLLOUTS)
         self._set_scale(1.0)
 
     def _set_scale(self, scale: float) -> None:
@@ -200,6 +212,31 @@ class ReplanPolicy:
         keep = settings.smoothing if self.last_calibration is not None else 0.0
         self._set_scale(float(np.exp(keep * np.log(self.service_scale) + (1 - keep) * np.log(fitted.scale))))
         self.last_calibration = fitted
+        return fitted
+
+    def calibrate_transition(self, rollout: RolloutRun, traffic: ObservedTraffic) -> LoadingCalibration | None:
+        """Refit the transition model's loading slowdown on the requests that arrived during `rollout` (`traffic`:
+        its records, arrival times relative to the rollout's start) and during the rollouts before it (the last
+        DEFAULT_POOLED_ROLLOUTS), replayed through their steps as they ran on the profiles in force, and blend it
+        with the slowdown in force by `calibration.smoothing` (geometric). None (slowdown unchanged) without a
+        transition model, with the refit off, or with too few requests (a rollout with no request while a step loaded,
+        such as an operator's on an idle system, is not pooled)."""
+        settings = self.calibration
+        if (self.transition is None or settings is None or not settings.refit_loading_slowdown
+                or traffic.latency_s is None):
+            return None
+        workload, latency = observed_workload(traffic)
+        observed = ObservedRollout(rollout.spans, workload, latency)
+        if not observed.loading_requests():
+            return None
+        self.observed_rollouts.append(observed)
+        fitted = calibrate_loading_slowdown(self.observed_rollouts, self.profiles, self.planner.simulator)
+        if fitted is None:
+            return None
+        keep = settings.smoothing
+        slowdown = float(np.exp(keep * np.log(self.transition.loading_slowdown) + (1 - keep) * np.log(fitted.slowdown)))
+        self.transition = self.transition.model_copy(update={"loading_slowdown": slowdown})
+        self._set_scale(self.service_scale)  # the loading profiles follow the new slowdown
         return fitted
 
     def fit(self, traffic: ObservedTraffic,

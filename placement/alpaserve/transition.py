@@ -37,7 +37,8 @@ from placement.core.profiles import ProfileSet
 from placement.core.transition_costs import TransitionModel
 from placement.core.workload import Workload
 
-__all__ = ["TransitionModel", "Span", "change_s", "rollout_timeline", "scaled_profiles", "attainment_through"]
+__all__ = ["TransitionModel", "Span", "change_s", "serving_placement", "rollout_timeline", "scaled_profiles",
+           "attainment_through"]
 
 
 def change_s(transition: TransitionModel, profiles: ProfileSet, change: SlotChange) -> float:
@@ -65,6 +66,14 @@ class Span:
     loading: bool  # a rollout step loads models (latencies scaled by loading_slowdown)
 
 
+def serving_placement(before: SlotLayout, after: SlotLayout) -> Placement:
+    """What serves while a step moves `before` to `after`: each slot's group with the models it serves both before
+    and after (`transition_routes`); slots left with none serve nothing."""
+    return Placement(groups=[GroupPlacement(num_devices=g.num_devices, config=g.config, models=models)
+                             for g, models in zip(before.slots, transition_routes(before, after))
+                             if g is not None and models])
+
+
 def rollout_timeline(current: SlotLayout, target: Placement, profiles: ProfileSet, num_devices: int,
                      transition: TransitionModel, horizon_s: float,
                      max_changes_per_step: int = 1) -> tuple[list[Span], float]:
@@ -75,9 +84,7 @@ def rollout_timeline(current: SlotLayout, target: Placement, profiles: ProfileSe
     before = current
     for step in rollout.steps:
         loading_s = max(change_s(transition, profiles, c) for c in step.changes)
-        serving = Placement(groups=[GroupPlacement(num_devices=g.num_devices, config=g.config, models=models)
-                                    for g, models in zip(before.slots, transition_routes(before, step.layout))
-                                    if g is not None and models])
+        serving = serving_placement(before, step.layout)
         for duration, loading in ((transition.step_overhead_s, False), (loading_s, True)):
             if duration > 0:
                 spans.append(Span(t, t + duration, serving, loading=loading))

@@ -1,5 +1,6 @@
-"""How the live controller recalibrates its simulator's service times from the ingress's records (plain data: a
-spec's `controller.calibration` section; the fit is `placement/alpaserve/service_calibration.py`)."""
+"""How the live controller recalibrates its simulator's service times, and the loading slowdown it prices rollouts
+with, from the ingress's records (plain data: a spec's `controller.calibration` section; the fits are
+`placement/alpaserve/service_calibration.py` and `placement/alpaserve/transition_calibration.py`)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def calibration_settle_s(max_slo_s: float, report_period_s: float, period_s: flo
 
 
 class ServiceCalibrationSettings(BaseModel):
-    """Online calibration of the service-time factor (see the module doc)."""
+    """Online calibration of the service-time factor and of the loading slowdown (see the module doc)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -48,3 +49,7 @@ class ServiceCalibrationSettings(BaseModel):
     window_s: float = Field(default=DEFAULT_WINDOW_S, gt=0,
                             description="Seconds of ingress records a fit replays (at least one controller period), "
                                         "starting no earlier than the last placement change.")
+    refit_loading_slowdown: bool = Field(default=True,
+                                         description="After each rollout, refit the transition model's loading "
+                                                     "slowdown on the requests that arrived during it, blended with "
+                                                     "the one in force by `smoothing`; false: keep the spec's.")

@@ -12,11 +12,13 @@ Group placement (an application with a placement; AlpaServe §4.2). Every period
    declarative Serve config updates (`live_update.py`): the ingress stops routing to what the step changes, the
    changed slots are reconfigured or replaced (other deployments untouched), the ingress routes to the new layout,
 4. writes the decision to the decision log (`decision_log.py`).
-Before each decision the policy refits its service-time factor from the latencies the ingress reported in the
-last `calibration.window_s` (since the last placement change at most; `placement.alpaserve.service_calibration`),
-unless a rollout ran in the period just past; the factor is logged
-(`service_scale`, `service_calibration`). While an operator has paused the decisions the refit goes on every period
-(the placement stays frozen; the factor stays current for when decisions resume).
+Before each decision the policy refits its service-time factor from the latencies the ingress reported in the last
+`calibration.window_s` (since the last placement change at most; `placement.alpaserve.service_calibration`), unless
+a rollout ran in the period just past; the factor is logged (`service_scale`, `service_calibration`). The first
+decision after a rollout has settled also refits the loading slowdown its moves are priced with on the requests that
+arrived during that rollout, replayed through its steps as they ran (`placement.alpaserve.transition_calibration`;
+logged as `loading_slowdown`, `loading_calibration`). While an operator has paused the decisions the refit goes on
+every period (the placement stays frozen; the factor stays current for when decisions resume).
 Between two periods a two-window rate test on the reported traffic (`detect_rate_shifts`) may trigger the decision
 early (trigger 'shift' in the log), at most once per `cooldown_s` after the last decision; such a decision judges
 the candidates on the traffic since the shift (the test's later window), not on the whole period. A move it
@@ -45,6 +47,8 @@ from ray import serve
 from placement.alpaserve.deployment_planning import replan_policy
 from placement.alpaserve.placement_rollout import Rollout, SlotLayout, plan_rollout, transition_routes
 from placement.alpaserve.service_calibration import ServiceCalibration
+from placement.alpaserve.transition import Span, serving_placement
+from placement.alpaserve.transition_calibration import LoadingCalibration, RolloutRun
 from placement.arlo.live_allocator import AllocationDecision
 from placement.core.calibration_settings import calibration_settle_s
 from placement.core.deployment_spec import DeploymentSpec, parse_spec
@@ -128,6 +132,8 @@ class PlacementController:
         self.last_group_decision_s = started
         #: Wall-clock time the last rollout ended (its window does not calibrate the service times).
         self.layout_changed_s = 0.0
+        #: The last rollout as it ran, until the loading slowdown has been refitted on the requests during it.
+        self.last_rollout: RolloutRun | None = None
         #: A shift decision's unconfirmed move: when (time.monotonic()) to look again, and on how many seconds.
         self.recheck_at_s: float | None = None
         self.recheck_window_s: float | None = None
@@ -164,7 +170,10 @@ class PlacementController:
         return {"layout": self.layout.model_dump(mode="json"), "routes": self.routes, "version": self.version,
                 "slot_versions": self.slot_versions, "models": self.models, "recovered": self.recovered,
                 "period_s": self.settings.period_s, "paused": self.paused, "runtimes": self.runtimes.state(),
-                "service_scale": self.policy.service_scale if self.policy is not None else None}
+                "service_scale": self.policy.service_scale if self.policy is not None else None,
+                "loading_slowdown": (self.policy.transition.loading_slowdown
+                                     if self.policy is not None and self.policy.transition is not None else None),
+                "last_rollout": _describe_rollout(self.last_rollout)}
 
     def pause(self, paused: bool = True) -> bool:
         """Stop (or resume) the periodic decisions; returns the new setting."""
@@ -195,9 +204,10 @@ class PlacementController:
             if self.paused:
                 if self.groups_enabled:
                     try:
+                        await self._refit_loading_slowdown()
                         await self._recalibrate()
                     except Exception:  # noqa: BLE001 - a failed refit must not stop the controller
-                        logger.exception("placement controller: service-time refit failed")
+                        logger.exception("placement controller: refit failed")
                 continue
             for enabled, decide in ((self.groups_enabled, self.replan_now),
                                     (bool(self.runtimes.models), self.reallocate_runtimes)):
@@ -293,7 +303,9 @@ class PlacementController:
                            "failed": s.failed, "attainment": s.attainment}
                     for name, s in self.window.stats(now).items()}
         current = self.layout.placement()
-        # The calibration window (the records just past) refits the service times before the candidates are judged.
+        # The records just past refit the loading slowdown (after a rollout) and the service times before the
+        # candidates are judged.
+        loading = await self._refit_loading_slowdown(now)
         calibration = await self._recalibrate(now)
         decision = await asyncio.to_thread(self.policy.decide, current, traffic, fit_window_s)
         entry: dict[str, Any] = {"observed": observed, "reason": decision.reason, "chosen": decision.chosen,
@@ -309,6 +321,10 @@ class PlacementController:
         entry["service_scale"] = self.policy.service_scale
         if calibration is not None:
             entry["service_calibration"] = calibration.to_json()
+        if self.policy.transition is not None:
+            entry["loading_slowdown"] = self.policy.transition.loading_slowdown
+        if loading is not None:
+            entry["loading_calibration"] = loading.to_json()
         if shifts is not None:
             entry["shifts"] = shifts
             self.recheck_window_s = decision.recheck_window_s(fit_window_s)
@@ -337,6 +353,27 @@ class PlacementController:
         if calibration is not None and self.paused:
             logger.info("placement controller (paused): service-time factor x%.3f", self.policy.service_scale)
         return calibration
+
+    async def _refit_loading_slowdown(self, now: float | None = None) -> LoadingCalibration | None:
+        """Once the requests of the last rollout have all ended and been reported (`calibration_settle_s` after it),
+        refit the policy's loading slowdown on them and the previous rollouts' (`ReplanPolicy.calibrate_transition`);
+        a rollout whose start the calibration window no longer holds is dropped unfitted. None: nothing refitted."""
+        now = time.time() if now is None else now
+        rollout = self.last_rollout
+        settle_s = calibration_settle_s(max(self.slo_s), self.settings.stats_report_period_s, self.settings.period_s)
+        if rollout is None or now - rollout.end_s < settle_s:
+            return None
+        self.last_rollout = None
+        if rollout.start_s < now - self.calibration_window.window_s:
+            return None
+        traffic = self.calibration_window.observed(now, self.models, self.slo_s, settle_s=now - rollout.end_s,
+                                                   since_s=rollout.start_s)
+        loading = await asyncio.to_thread(self.policy.calibrate_transition, rollout, traffic)
+        if loading is not None:
+            logger.info("placement controller: loading slowdown x%.2f fitted on %d requests of the last %d "
+                        "rollouts, x%.2f in force", loading.slowdown, loading.requests, loading.rollouts,
+                        self.policy.transition.loading_slowdown)
+        return loading
 
     async def _apply(self, target: Placement) -> dict[str, Any]:
         rollout = plan_rollout(self.layout, target, self.spec.cluster.num_devices, self.settings.max_changes_per_step)
@@ -379,14 +416,28 @@ class PlacementController:
     # ---- rollout (runs in a thread: Serve's config API and handles' .result() block) ----
 
     def _run_rollout(self, rollout: Rollout) -> None:
+        """Run the rollout's steps, and keep them as they ran (`last_rollout`: each step's routes, its Serve updates
+        at full speed, its slot changes loading where they load a model) for the loading-slowdown refit."""
+        self.last_rollout = None
+        started = time.time()
+        spans: list[Span] = []
         for number, step in enumerate(rollout.steps, start=1):
             logger.info("placement controller: step %d/%d: %s", number, len(rollout.steps),
                         ", ".join(f"slot {c.slot} {c.kind}" for c in step.changes))
             during = transition_routes(self.layout, step.layout)
+            serving = serving_placement(self.layout, step.layout)
+            loads = any(c.after is not None for c in step.changes)
+            marks = [time.time()]
             if during != self.routes:  # 1. stop routing to what this step drops
                 self._deploy(self.layout, during, changed=[])
+            marks.append(time.time())
             self._deploy(step.layout, during, changed=[c.slot for c in step.changes])  # 2. change the slots
+            marks.append(time.time())
             self._deploy(step.layout, step.layout.routes(), changed=[])  # 3. route to the new layout
+            marks.append(time.time())
+            spans += [Span(begin - started, end - started, serving, loading=loads and phase == 1)
+                      for phase, (begin, end) in enumerate(zip(marks, marks[1:])) if end > begin]
+        self.last_rollout = RolloutRun(started, time.time(), tuple(spans))
 
     async def _finish_interrupted_step(self) -> dict[str, Any]:
         await asyncio.to_thread(self._deploy, self.layout, self.layout.routes(), [])
@@ -416,6 +467,15 @@ class PlacementController:
                 return
             time.sleep(STEP_POLL_S)
         raise TimeoutError(f"placement version {self.version} not running within {STEP_TIMEOUT_S} s")
+
+
+def _describe_rollout(rollout: RolloutRun | None) -> dict[str, Any] | None:
+    """The last rollout as it ran, while it awaits the loading-slowdown refit: its seconds and its steps' spans."""
+    if rollout is None:
+        return None
+    return {"duration_s": rollout.end_s - rollout.start_s,
+            "spans": [{"start_s": span.start_s, "end_s": span.end_s, "loading": span.loading,
+                       "serving": [sorted(g.models) for g in span.placement.groups]} for span in rollout.spans]}
 
 
 def _describe(placement: Placement) -> list[dict[str, Any]]:
