@@ -86,7 +86,7 @@ TEXTS = [f"passage {k}: plexserve keeps a running deployment matched to its traf
          f"models shifts, the controller prices every candidate move through its rollout before it acts"
          for k in range(8)]
 #: Calibration replay (step 2): seconds of its trace, and the seed offset that keeps it apart from the scored traces.
-CALIBRATION_S = 30.0
+CALIBRATION_S = 25.0
 CALIBRATION_SEED_OFFSET = 1000
 #: Warm-up before each controller run (controller paused, never scored): seconds of traffic at the trace's opening
 #: shares, and the seed offset of that traffic. The static run follows the previous trace's controller run, whose
@@ -110,8 +110,8 @@ MAX_BATCH_REQUESTS = 6
 #: Loading slowdown under load: closed-loop clients that keep both devices busy, seconds of their throughput timed
 #: before any load, and the swaps timed meanwhile (back and forth, each reloading the leaving model's actors).
 LOADED_CLIENTS = 8
-LOADED_BASELINE_S = 4.0
-LOADED_SWAPS = 4
+LOADED_BASELINE_S = 3.0
+LOADED_SWAPS = 3
 #: Largest loading slowdown reported: a step that answers (almost) nothing while it loads.
 MAX_LOADING_SLOWDOWN = 10.0
 #: Lone requests timed with the other device idle, then busy (the host-contention probe; the median is kept).
