@@ -166,7 +166,7 @@ async def measure_transition(spec: dict) -> tuple[float, TransitionModel]:
     actors (`load_s`, kept with the profiles: a swap, whose arriving model reloads the leaving model's actors, until
     the group reports the new version, minus one route) and the loading slowdown: the share of the clients' answers
     the swaps lost against the throughput just before them, charged to the loading part of each step as the
-    transition model charges it (`loaded_slowdown`). Lone requests beside an idle group understate it: loading and
+    transition model charges it (`loading_slowdown`). Lone requests beside an idle group understate it: loading and
     serving then have a core each."""
     from ray import serve
 
@@ -736,8 +736,8 @@ async def controller_trace(handle, controller, profile_sets: dict, transition, s
               if d.get("service_scale") is not None]
     online = [(-np.inf, scale_before)] + scales
     static_sim = simulate_piecewise([(-np.inf, initial, 1.0)], profiles, trace, simulated)
-    # Through the rollouts, with the transition model the controller was given (measured step time, load time and
-    # loading slowdown): the primary figure.
+    # Through the rollouts, with the transition model the controller was given (measured step time and load time)
+    # and the loading slowdown it had in force at each move (refitted online): the primary figure.
     dynamic_sim = simulate_piecewise(with_online_scales(through_rollouts(initial, rollouts, profiles, transition),
                                                         online), lone_profiles, trace, simulated)
     # For comparison: each re-placement switched in when it finished (no rollout), also with the offline calibration
