@@ -153,6 +153,11 @@ class ReplanDecision(BaseModel):
         return self.candidate(self.chosen).placement
 
 
+def _geometric_blend(in_force: float, fitted: float, keep: float) -> float:
+    """`in_force` and a new `fitted` factor blended on a log scale, `keep` the weight of the one in force."""
+    return float(np.exp(keep * np.log(in_force) + (1 - keep) * np.log(fitted)))
+
+
 @dataclass
 class ReplanPolicy:
     """Keep or move, from observed traffic (see the module doc)."""
@@ -210,7 +215,7 @@ class ReplanPolicy:
         if fitted is None:
             return None
         keep = settings.smoothing if self.last_calibration is not None else 0.0
-        self._set_scale(float(np.exp(keep * np.log(self.service_scale) + (1 - keep) * np.log(fitted.scale))))
+        self._set_scale(_geometric_blend(self.service_scale, fitted.scale, keep))
         self.last_calibration = fitted
         return fitted
 
@@ -234,7 +239,7 @@ class ReplanPolicy:
         if fitted is None:
             return None
         keep = settings.smoothing
-        slowdown = float(np.exp(keep * np.log(self.transition.loading_slowdown) + (1 - keep) * np.log(fitted.slowdown)))
+        slowdown = _geometric_blend(self.transition.loading_slowdown, fitted.slowdown, keep)
         self.transition = self.transition.model_copy(update={"loading_slowdown": slowdown})
         self._set_scale(self.service_scale)  # the loading profiles follow the new slowdown
         return fitted

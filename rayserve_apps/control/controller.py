@@ -346,7 +346,7 @@ class PlacementController:
         now = time.time() if now is None else now
         if now - self.layout_changed_s < self.settings.period_s:
             return None
-        settle_s = calibration_settle_s(max(self.slo_s), self.settings.stats_report_period_s, self.settings.period_s)
+        settle_s = self._settle_s()
         traffic = self.calibration_window.observed(now, self.models, self.slo_s, settle_s=settle_s,
                                                    since_s=self.layout_changed_s)
         calibration = await asyncio.to_thread(self.policy.calibrate, self.layout.placement(), traffic, settle_s)
@@ -354,13 +354,17 @@ class PlacementController:
             logger.info("placement controller (paused): service-time factor x%.3f", self.policy.service_scale)
         return calibration
 
+    def _settle_s(self) -> float:
+        """Seconds after a request's arrival by which it has ended and been reported (`calibration_settle_s`)."""
+        return calibration_settle_s(max(self.slo_s), self.settings.stats_report_period_s, self.settings.period_s)
+
     async def _refit_loading_slowdown(self, now: float | None = None) -> LoadingCalibration | None:
         """Once the requests of the last rollout have all ended and been reported (`calibration_settle_s` after it),
         refit the policy's loading slowdown on them and the previous rollouts' (`ReplanPolicy.calibrate_transition`);
         a rollout whose start the calibration window no longer holds is dropped unfitted. None: nothing refitted."""
         now = time.time() if now is None else now
         rollout = self.last_rollout
-        settle_s = calibration_settle_s(max(self.slo_s), self.settings.stats_report_period_s, self.settings.period_s)
+        settle_s = self._settle_s()
         if rollout is None or now - rollout.end_s < settle_s:
             return None
         self.last_rollout = None
