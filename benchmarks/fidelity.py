@@ -134,15 +134,16 @@ TRACE_CV = 2.0
 #: Popularity of the models before and after the shift.
 SHARES_BEFORE = (0.75, 0.15, 0.1)
 SHARES_AFTER = (0.1, 0.15, 0.75)
-#: Load phase: offered rate as a multiple of capacity, and its length in seconds.
+#: Load phase: offered rate as a multiple of capacity, and its length in seconds (8 until 2026-11-25; --quick had
+#: reached 15 min 1 s).
 SATURATION_FACTOR = 4.0
-SATURATION_S = 8.0
+SATURATION_S = 6.0
 #: Width of the attainment windows in the timeline, seconds.
 TIMELINE_BIN_S = 5.0
 #: Steady re-placement phase: offered rate as a share of capacity (split over minilm-a and minilm-b), seconds of
-#: traffic before the rollout and after it.
+#: traffic before the rollout (the phase's own placement settles, then the p99 baseline) and after it.
 STEADY_LOAD_FACTOR = 0.4
-STEADY_BEFORE_S = 25.0
+STEADY_BEFORE_S = 20.0
 STEADY_AFTER_S = 3.0
 #: Shortest span before the rollout that the p99 baseline covers, seconds.
 STEADY_MIN_BASELINE_S = 10.0
@@ -698,19 +699,21 @@ async def controller_trace(handle, controller, profile_sets: dict, transition, s
     log.info("%s", initial.describe())
     initial_groups = {"groups": [g.model_dump(mode="json") for g in initial.groups]}
     await controller.pause.remote(True)
-    await controller.apply_placement.remote(initial_groups, "benchmark reset")
+    # Each replay starts a new trace: the records before it do not describe what follows, so the controller's
+    # service-time refit restarts its window (the refit goes on while paused).
+    await controller.apply_placement.remote(initial_groups, "benchmark reset", True)
 
     log.info("static run (controller paused), seed %d", seed)
     static = await replay(handle, trace, slo_s)
 
-    await controller.apply_placement.remote(initial_groups, "benchmark reset")
+    await controller.apply_placement.remote(initial_groups, "benchmark reset", True)
     log.info("warm-up (controller paused, not scored), seed %d: %.0f s at the opening shares", seed, WARMUP_S)
     warmup_trace = make_trace(total_rate, 2 * WARMUP_S, slo_s, seed=seed + WARMUP_SEED_OFFSET).window(0.0, WARMUP_S)
     warmup = await replay(handle, warmup_trace, slo_s)
     log.info("controller run, seed %d", seed)
     first_id = len(await controller.history.remote())
-    # The controller's service-time factor when the run starts (refitted every period while paused too), on its base
-    # profiles.
+    # The controller's service-time factor when the run starts (refitted every period while paused too, on the
+    # warm-up), on its base profiles.
     scale_before = (await controller.state.remote())["service_scale"]
     await controller.pause.remote(False)
     dynamic = await replay(handle, trace, slo_s)

@@ -4,12 +4,14 @@
 static and the controller run of each trace) with the placements in force to `benchmarks/out/fidelity_records.json`.
 This script scores other refit settings on those records without the live system (a live run takes 14 minutes and
 differs run to run by more than the settings do): for each setting it replays the controller's refits on the records
-(the policy's own `ReplanPolicy.calibrate`, every period while paused through the static run, then at each recorded
-decision of the controller run, never within a period of a re-placement, no earlier than it), and simulates the
+(the policy's own `ReplanPolicy.calibrate`, every period while paused through the static run and the warm-up, then at
+each recorded decision of the controller run, never within a period of a re-placement, no earlier than it nor than
+the warm-up, where the benchmark restarts the refit's window), and simulates the
 controller run piecewise on the placements in force with the factor in force (as `fidelity.py`'s
 `abs_gap_at_rollout_end`: the records keep no rollout steps). Settings: the calibration window
-(`controller.calibration.window_s`) and the simulator's host contention
-(`planning.simulation.host_contention_per_busy_device`; "recorded" is what the run measured).
+(`controller.calibration.window_s`), the blend of each fit into the factor in force (`controller.calibration.
+smoothing`) and the simulator's host contention (`planning.simulation.host_contention_per_busy_device`; "recorded" is
+what the run measured).
 
 Approximations, named: the chain starts at factor 1.0 with the first trace's static run (the live controller had
 also refitted on the calibration replay, whose records are not kept); the warm-up follows the static run at once and
@@ -38,10 +40,14 @@ from benchmarks.fidelity import (  # noqa: E402
     simulate_piecewise,
     with_online_scales,
 )
+from placement.core.calibration_settings import DEFAULT_SMOOTHING  # noqa: E402
 
-#: Calibration windows (seconds) and contentions scored: --quick, and the full run ("recorded": the run's own).
-QUICK_WINDOWS_S = (10.0, 60.0)
+#: Calibration windows (seconds), smoothings and contentions scored: --quick, and the full run ("recorded": the
+#: run's own).
+QUICK_WINDOWS_S = (30.0,)
 FULL_WINDOWS_S = (10.0, 30.0, 60.0, 90.0)
+QUICK_SMOOTHINGS = (0.0, 0.5)
+FULL_SMOOTHINGS = (0.0, 0.5)
 QUICK_CONTENTIONS = ("recorded",)
 FULL_CONTENTIONS = (0.0, "recorded")
 #: Defaults for records written before they carried the run's period and report period.
@@ -74,7 +80,7 @@ def latencies_of(run: dict) -> np.ndarray:
 class RefitReplay:
     """One chain of refits over a run's records, as the live controller made them."""
 
-    def __init__(self, records: dict, window_s: float, contention: float):
+    def __init__(self, records: dict, window_s: float, contention: float, smoothing: float = DEFAULT_SMOOTHING):
         from placement.alpaserve.planner import PlannerConfig
         from placement.alpaserve.replanning import ReplanPolicy
         from placement.core.calibration_settings import ServiceCalibrationSettings, calibration_settle_s
@@ -85,7 +91,7 @@ class RefitReplay:
                                           {int(b): r for b, r in records["batch_ratio"].items()}, 1, 0.0)
         self.policy = ReplanPolicy(profiles=self.profiles, num_devices=NUM_DEVICES, device_memory_bytes=1 << 40,
                                    planner=PlannerConfig(max_group_devices=1, simulator=self.simulated),
-                                   calibration=ServiceCalibrationSettings(window_s=window_s))
+                                   calibration=ServiceCalibrationSettings(window_s=window_s, smoothing=smoothing))
         self.window_s = max(window_s, self.period_s)
         self.warmup_s = float(records.get("warmup_s", 0.0))
         slo = max(max(t["slo_s"]) for t in records["traces"])
@@ -130,13 +136,15 @@ class RefitReplay:
         both = Workload.merge([Workload(w.model_names, w.arrival_s + at, w.model, w.slo_s) for w, _, at in parts])
         order = np.argsort(np.concatenate([w.arrival_s + at for w, _, at in parts]), kind="stable")
         latency = np.concatenate([lat for _, lat, _ in parts])[order]
+        # The benchmark restarts the refit's window when the warm-up begins (older records: no warm-up, no restart).
+        restarted = duration if "warmup" in trace else 0.0
         for now in np.arange(duration + self.period_s, offset, self.period_s):  # paused through the warm-up
-            self.refit(initial, both, latency, float(now), 0.0)
+            self.refit(initial, both, latency, float(now), restarted)
         changes = [(float(at), placement_of(groups)) for at, groups in trace["placements"]]
         scales = [(-np.inf, self.policy.service_scale)]
         for decided_s, _ in trace["online_scales"]:
             applied = [at for at, _ in changes if at <= decided_s]
-            since = offset + applied[-1] if applied else 0.0
+            since = offset + applied[-1] if applied else restarted
             if applied and decided_s - applied[-1] < self.period_s:
                 continue
             current = next((p for at, p in reversed(changes) if at <= decided_s), initial)
@@ -155,19 +163,22 @@ def main() -> None:
         raise SystemExit(f"--records {args.records}: no such file (run benchmarks/fidelity.py first)")
     records = json.loads(args.records.read_text())
     recorded = float(records["host_contention_per_busy_device"])
-    settings = [(w, recorded if c == "recorded" else float(c))
+    settings = [(w, recorded if c == "recorded" else float(c), smoothing)
                 for w in (QUICK_WINDOWS_S if args.quick else FULL_WINDOWS_S)
+                for smoothing in (QUICK_SMOOTHINGS if args.quick else FULL_SMOOTHINGS)
                 for c in (QUICK_CONTENTIONS if args.quick else FULL_CONTENTIONS)]
     results = []
-    for k, (window_s, contention) in enumerate(settings):
-        replay = RefitReplay(records, window_s, contention)
+    for k, (window_s, contention, smoothing) in enumerate(settings):
+        replay = RefitReplay(records, window_s, contention, smoothing)
         gaps = [replay.trace_gap(trace) for trace in records["traces"]]
-        results.append({"window_s": window_s, "host_contention_per_busy_device": contention,
+        results.append({"window_s": window_s, "smoothing": smoothing, "host_contention_per_busy_device": contention,
                         "signed_gap_per_trace": gaps, "abs_gap_max": max(abs(g) for g in gaps)})
-        log.info("%d/%d window %.0f s, contention %.2f: simulated - real per trace %s (abs_gap_max %.3f)", k + 1,
-                 len(settings), window_s, contention, [round(g, 3) for g in gaps], results[-1]["abs_gap_max"])
+        log.info("%d/%d window %.0f s, smoothing %.2f, contention %.2f: simulated - real per trace %s "
+                 "(abs_gap_max %.3f)", k + 1, len(settings), window_s, smoothing, contention,
+                 [round(g, 3) for g in gaps], results[-1]["abs_gap_max"])
     best = min(results, key=lambda r: r["abs_gap_max"])
     emit_json({"records": str(args.records), "settings": results, "best_window_s": best["window_s"],
+               "best_smoothing": best["smoothing"],
                "best_host_contention_per_busy_device": best["host_contention_per_busy_device"],
                "best_abs_gap_max": best["abs_gap_max"]})
 

@@ -22,6 +22,7 @@ from ray import serve
 
 from models import load_vit
 from placement.alpaserve.paper_profiles import model_profile
+from placement.alpaserve.placement_rollout import SlotLayout
 from placement.core.deployment_spec import parse_spec
 from placement.core.profiles import ProfileSet
 from rayserve_apps.contracts import group_max_ongoing_requests
@@ -195,6 +196,17 @@ def test_history_lists_decisions_newest_last(app):
             == decisions[-1:])
     bad = requests.get(f"{app['url']}/v1/placement/history?limit=0", timeout=TIMEOUT_S)
     assert bad.status_code == 422 and bad.json()["error"]["field"] == "limit"
+
+
+def test_an_operator_restarts_the_service_time_calibration_without_a_move(app):
+    state = app["controller"].state.remote().result(timeout_s=TIMEOUT_S)
+    running = SlotLayout.model_validate(state["layout"]).placement().model_dump(mode="json")
+    kept = app["controller"].apply_placement.remote(running, "operator", True).result(timeout_s=TIMEOUT_S)
+    assert kept["outcome"] == "kept"
+    after = app["controller"].state.remote().result(timeout_s=TIMEOUT_S)
+    # The refit's window now starts at the call, though nothing moved.
+    assert after["calibration_since_s"] > max(state["calibration_since_s"], kept["time_s"])
+    assert (after["version"], after["layout"]) == (state["version"], state["layout"])
 
 
 def test_controller_moves_a_model_whose_traffic_outgrows_its_groups(app):

@@ -206,6 +206,11 @@ def test_the_policy_recalibrates_its_profiles_from_the_window_and_smooths():
     second = policy.calibrate(both_everywhere(), faster)
     assert policy.service_scale == pytest.approx(np.sqrt(first.scale * second.scale), rel=1e-6)
     assert policy.last_calibration == second
+    # By default each window's fit is taken as it is (the overlapping windows are the smoothing).
+    plain = replan(ServiceCalibrationSettings())
+    plain.calibrate(both_everywhere(), observed)
+    refitted = plain.calibrate(both_everywhere(), faster)
+    assert plain.service_scale == pytest.approx(refitted.scale, rel=1e-9)
     # The simulator the policy judges with sees the calibrated latencies.
     assert simulated_latency_quantile(both_everywhere(), policy.profiles, workload, PLAIN, 0.5) > \
         simulated_latency_quantile(both_everywhere(), LONE, workload, PLAIN, 0.5)

@@ -106,7 +106,7 @@ def policy(refit: bool = True) -> ReplanPolicy:
     return ReplanPolicy(profiles=profiles(), num_devices=2, device_memory_bytes=4 * GIB,
                         planner=PlannerConfig(max_group_devices=1),
                         transition=TransitionModel(loading_slowdown=1.0),
-                        calibration=ServiceCalibrationSettings(smoothing=0.5, refit_loading_slowdown=refit))
+                        calibration=ServiceCalibrationSettings(loading_smoothing=0.5, refit_loading_slowdown=refit))
 
 
 def observed(workload: Workload, latency: np.ndarray) -> ObservedTraffic:

@@ -223,7 +223,7 @@ class ReplanPolicy:
         """Refit the transition model's loading slowdown on the requests that arrived during `rollout` (`traffic`:
         its records, arrival times relative to the rollout's start) and during the rollouts before it (the last
         DEFAULT_POOLED_ROLLOUTS), replayed through their steps as they ran on the profiles in force, and blend it
-        with the slowdown in force by `calibration.smoothing` (geometric). None (slowdown unchanged) without a
+        with the slowdown in force by `calibration.loading_smoothing` (geometric). None (slowdown unchanged) without a
         transition model, with the refit off, or with too few requests (a rollout with no request while a step loaded,
         such as an operator's on an idle system, is not pooled)."""
         settings = self.calibration
@@ -238,7 +238,7 @@ class ReplanPolicy:
         fitted = calibrate_loading_slowdown(self.observed_rollouts, self.profiles, self.planner.simulator)
         if fitted is None:
             return None
-        keep = settings.smoothing
+        keep = settings.loading_smoothing
         slowdown = _geometric_blend(self.transition.loading_slowdown, fitted.slowdown, keep)
         self.transition = self.transition.model_copy(update={"loading_slowdown": slowdown})
         self._set_scale(self.service_scale)  # the loading profiles follow the new slowdown

@@ -11,8 +11,15 @@ from pydantic import BaseModel, ConfigDict, Field
 DEFAULT_QUANTILE = 0.9
 #: Fewest answered requests a window must hold to be calibrated on.
 DEFAULT_MIN_ANSWERED = 50
-#: Weight of the factor in force when a new window's fit is blended in (geometric mean).
-DEFAULT_SMOOTHING = 0.5
+#: Weight of the factor in force when a new window's fit is blended in (geometric mean). Zero: a 30 s window refitted
+#: every 10 s period already overlaps the two before it, and a blend on top only delays the factor. The factor a
+#: window needs rose by about 4-8% over a controller run's first minute (fitted per 15 s on six fidelity runs' 18
+#: controller runs, 2026-11-24), so the delayed factor was low and the simulator optimistic: replayed on those
+#: records, 0.5 left a mean simulated-minus-real attainment of +0.025 (8 of 18 runs within 0.03), 0 left +0.021 (14).
+DEFAULT_SMOOTHING = 0.0
+#: Weight of the loading slowdown in force when a rollout's fit is blended in (geometric mean): a fit rests on the
+#: few dozen requests of the last rollouts, and one rollout's fits ranged 1.2-3.8x within one run.
+DEFAULT_LOADING_SMOOTHING = 0.5
 #: Seconds of records each fit replays. A one-period window (10 s in the fidelity benchmark) holds a few dozen
 #: requests of one load regime, and its fits swung 0.99-1.31 period to period (2026-11-24); replayed on four
 #: fidelity runs' records (`benchmarks/fidelity_replay.py`), 30 s gave the smallest `abs_gap_max` of 10, 30, 60 and
@@ -46,10 +53,15 @@ class ServiceCalibrationSettings(BaseModel):
     smoothing: float = Field(default=DEFAULT_SMOOTHING, ge=0, lt=1,
                              description="Weight of the factor in force against a new window's fit (0: take the "
                                          "new fit as it is).")
+    loading_smoothing: float = Field(default=DEFAULT_LOADING_SMOOTHING, ge=0, lt=1,
+                                     description="Weight of the loading slowdown in force against a rollout's refit "
+                                                 "(0: take the new fit as it is).")
     window_s: float = Field(default=DEFAULT_WINDOW_S, gt=0,
                             description="Seconds of ingress records a fit replays (at least one controller period), "
-                                        "starting no earlier than the last placement change.")
+                                        "starting no earlier than the last placement change "
+                                        "or calibration restart.")
     refit_loading_slowdown: bool = Field(default=True,
                                          description="After each rollout, refit the transition model's loading "
                                                      "slowdown on the requests that arrived during it, blended with "
-                                                     "the one in force by `smoothing`; false: keep the spec's.")
+                                                     "the one in force by `loading_smoothing`; false: keep the "
+                                                     "spec's.")

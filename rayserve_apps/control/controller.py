@@ -13,7 +13,8 @@ Group placement (an application with a placement; AlpaServe §4.2). Every period
    changed slots are reconfigured or replaced (other deployments untouched), the ingress routes to the new layout,
 4. writes the decision to the decision log (`decision_log.py`).
 Before each decision the policy refits its service-time factor from the latencies the ingress reported in the last
-`calibration.window_s` (since the last placement change at most; `placement.alpaserve.service_calibration`), unless
+`calibration.window_s` (since the last placement change, or the caller's restart in `apply_placement`, at most;
+`placement.alpaserve.service_calibration`), unless
 a rollout ran in the period just past; the factor is logged (`service_scale`, `service_calibration`). The first
 decision after a rollout has settled also refits the loading slowdown its moves are priced with on the requests that
 arrived during that rollout, replayed through its steps as they ran (`placement.alpaserve.transition_calibration`;
@@ -132,6 +133,9 @@ class PlacementController:
         self.last_group_decision_s = started
         #: Wall-clock time the last rollout ended (its window does not calibrate the service times).
         self.layout_changed_s = 0.0
+        #: Wall-clock time of the last calibration restart (`apply_placement(..., restart_calibration=True)`): the
+        #: service-time refit's window starts no earlier.
+        self.calibration_restarted_s = 0.0
         #: The last rollout as it ran, until the loading slowdown has been refitted on the requests during it.
         self.last_rollout: RolloutRun | None = None
         #: A shift decision's unconfirmed move: when (time.monotonic()) to look again, and on how many seconds.
@@ -173,7 +177,8 @@ class PlacementController:
                 "service_scale": self.policy.service_scale if self.policy is not None else None,
                 "loading_slowdown": (self.policy.transition.loading_slowdown
                                      if self.policy is not None and self.policy.transition is not None else None),
-                "last_rollout": _describe_rollout(self.last_rollout)}
+                "last_rollout": _describe_rollout(self.last_rollout),
+                "calibration_since_s": self._calibration_since_s()}
 
     def pause(self, paused: bool = True) -> bool:
         """Stop (or resume) the periodic decisions; returns the new setting."""
@@ -269,13 +274,21 @@ class PlacementController:
         return logged + [await self._logged("allocation_period", lambda m=model, d=decision: self._apply_runtime(m, d))
                          for model, decision in decisions.items()]
 
-    async def apply_placement(self, placement: dict[str, Any], reason: str = "operator") -> dict[str, Any]:
-        """Roll out a given placement (an operator's, or a planner's run offline); returns the logged decision."""
+    async def apply_placement(self, placement: dict[str, Any], reason: str = "operator",
+                              restart_calibration: bool = False) -> dict[str, Any]:
+        """Roll out a given placement (an operator's, or a planner's run offline); returns the logged decision. With
+        `restart_calibration` the service-time refit leaves out the records from before the call, as it does after a
+        re-placement, even if the placement is the one running: for a caller who knows the traffic until then does
+        not describe what follows (a benchmark starting a new trace, a client fleet replaced)."""
         target = Placement.model_validate(placement)
         unknown = sorted(target.models() - set(self.models))
         if unknown:
             raise ValueError(f"placement names models this application does not place in groups: {unknown}")
-        return await self._logged(reason, lambda: self._apply(target))
+        try:
+            return await self._logged(reason, lambda: self._apply(target))
+        finally:
+            if restart_calibration:
+                self.calibration_restarted_s = time.time()
 
     async def _logged(self, trigger: str, action) -> dict[str, Any]:
         async with self._lock:
@@ -338,21 +351,26 @@ class PlacementController:
 
     async def _recalibrate(self, now: float | None = None) -> ServiceCalibration | None:
         """Refit the policy's service-time factor on the last `calibration.window_s` of records since the last
-        placement change (its own simulator, on the placement that served them); not within a period of a rollout
-        (loading slows serving). The requests of the window's
-        last seconds are left out until every one of them has ended and been reported (`calibration_settle_s`: two
-        SLOs plus a report period): the window's newest records are its fast answers. Its first as many seconds only
-        fill the simulated queues (the live ones held the earlier requests' backlog). None: nothing refitted."""
+        placement change or calibration restart (its own simulator, on the placement that served them); not within a
+        period of either (loading slows serving; a restarted window holds too few requests). The requests of the
+        window's last seconds are left out until every one of them has ended and been reported
+        (`calibration_settle_s`: two SLOs plus a report period): the window's newest records are its fast answers. Its
+        first as many seconds only fill the simulated queues (the live ones held the earlier requests' backlog). None:
+        nothing refitted."""
         now = time.time() if now is None else now
-        if now - self.layout_changed_s < self.settings.period_s:
+        since_s = self._calibration_since_s()
+        if now - since_s < self.settings.period_s:
             return None
         settle_s = self._settle_s()
-        traffic = self.calibration_window.observed(now, self.models, self.slo_s, settle_s=settle_s,
-                                                   since_s=self.layout_changed_s)
+        traffic = self.calibration_window.observed(now, self.models, self.slo_s, settle_s=settle_s, since_s=since_s)
         calibration = await asyncio.to_thread(self.policy.calibrate, self.layout.placement(), traffic, settle_s)
         if calibration is not None and self.paused:
             logger.info("placement controller (paused): service-time factor x%.3f", self.policy.service_scale)
         return calibration
+
+    def _calibration_since_s(self) -> float:
+        """Wall-clock time before which no record is refitted on: the last rollout's end or calibration restart."""
+        return max(self.layout_changed_s, self.calibration_restarted_s)
 
     def _settle_s(self) -> float:
         """Seconds after a request's arrival by which it has ended and been reported (`calibration_settle_s`)."""
