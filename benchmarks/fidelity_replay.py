@@ -42,12 +42,11 @@ from benchmarks.fidelity import (  # noqa: E402
 )
 from placement.core.calibration_settings import DEFAULT_SMOOTHING  # noqa: E402
 
-#: Calibration windows (seconds), smoothings and contentions scored: --quick, and the full run ("recorded": the
-#: run's own).
+#: Calibration windows (seconds), smoothings (both runs) and contentions scored: --quick, and the full run
+#: ("recorded": the run's own).
 QUICK_WINDOWS_S = (30.0,)
 FULL_WINDOWS_S = (10.0, 30.0, 60.0, 90.0)
-QUICK_SMOOTHINGS = (0.0, 0.5)
-FULL_SMOOTHINGS = (0.0, 0.5)
+SMOOTHINGS = (0.0, 0.5)
 QUICK_CONTENTIONS = ("recorded",)
 FULL_CONTENTIONS = (0.0, "recorded")
 #: Defaults for records written before they carried the run's period and report period.
@@ -165,7 +164,7 @@ def main() -> None:
     recorded = float(records["host_contention_per_busy_device"])
     settings = [(w, recorded if c == "recorded" else float(c), smoothing)
                 for w in (QUICK_WINDOWS_S if args.quick else FULL_WINDOWS_S)
-                for smoothing in (QUICK_SMOOTHINGS if args.quick else FULL_SMOOTHINGS)
+                for smoothing in SMOOTHINGS
                 for c in (QUICK_CONTENTIONS if args.quick else FULL_CONTENTIONS)]
     results = []
     for k, (window_s, contention, smoothing) in enumerate(settings):
