@@ -112,8 +112,6 @@ MAX_BATCH_REQUESTS = 6
 LOADED_CLIENTS = 8
 LOADED_BASELINE_S = 3.0
 LOADED_SWAPS = 3
-#: Largest loading slowdown reported: a step that answers (almost) nothing while it loads.
-MAX_LOADING_SLOWDOWN = 10.0
 #: Lone requests timed with the other device idle, then busy (the host-contention probe; the median is kept).
 CONTENTION_REQUESTS = 30
 #: Requests in flight that keep the other device busy during the host-contention probe.
@@ -172,6 +170,7 @@ async def measure_transition(spec: dict) -> tuple[float, TransitionModel]:
     from ray import serve
 
     from placement.alpaserve.placement_rollout import SlotLayout
+    from placement.alpaserve.transition_calibration import MAX_LOADING_SLOWDOWN  # reported at most: the refit's bound
     from placement.core.deployment_spec import parse_spec
     from placement.core.placement_plan import Placement
     from placement.core.transition_costs import TransitionModel

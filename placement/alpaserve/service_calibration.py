@@ -116,27 +116,28 @@ def calibrate_service_scale(placement: Placement, profiles: ProfileSet, workload
         grows, target = (lambda scale: -attainment_at(scale)), -observed_attainment
     else:
         grows, target = latency_at, observed_quantile
-    scale = _bisect_log_scale(grows, target)
+    scale = bisect_log(grows, target, MIN_SCALE, MAX_SCALE, BISECTION_STEPS)
     return ServiceCalibration(scale=scale, observed_latency_s=observed_quantile,
                               simulated_latency_s=latency_at(scale), quantile=quantile, answered=int(answered.sum()),
                               target="attainment" if by_attainment else "latency_quantile",
                               observed_attainment=observed_attainment, simulated_attainment=attainment_at(scale))
 
 
-def _bisect_log_scale(grows, target: float) -> float:
-    """The factor in [MIN_SCALE, MAX_SCALE] at which `grows(factor)` (non-decreasing) crosses `target`."""
-    if grows(MIN_SCALE) >= target:
-        return MIN_SCALE
-    if grows(MAX_SCALE) <= target:
-        return MAX_SCALE
-    low, high = np.log(MIN_SCALE), np.log(MAX_SCALE)
-    for _ in range(BISECTION_STEPS):
-        middle = (low + high) / 2
+def bisect_log(grows, target: float, low: float, high: float, steps: int) -> float:
+    """The factor in [low, high] at which `grows(factor)` (non-decreasing) crosses `target`, bisected `steps` times
+    on log(factor); a target outside the range gives the bound."""
+    if grows(low) >= target:
+        return low
+    if grows(high) <= target:
+        return high
+    log_low, log_high = np.log(low), np.log(high)
+    for _ in range(steps):
+        middle = (log_low + log_high) / 2
         if grows(float(np.exp(middle))) < target:
-            low = middle
+            log_low = middle
         else:
-            high = middle
-    return float(np.exp((low + high) / 2))
+            log_high = middle
+    return float(np.exp((log_low + log_high) / 2))
 
 
 def observed_workload(traffic: ObservedTraffic) -> tuple[Workload, np.ndarray]:

@@ -22,6 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
+from placement.alpaserve.service_calibration import bisect_log
 from placement.alpaserve.simulator import SimulatorConfig
 from placement.alpaserve.transition import Span, attainment_through, scaled_profiles
 from placement.core.profiles import ProfileSet
@@ -102,26 +103,16 @@ def calibrate_loading_slowdown(rollouts: Sequence[ObservedRollout], profiles: Pr
         return None
     observed = sum(r.met() for r in rollouts) / requests
 
+    attainment: dict[float, float] = {}
+
     def simulated(slowdown: float) -> float:
-        slowed = scaled_profiles(profiles, slowdown)
-        return sum(attainment_through(r.spans, profiles, r.workload, config, slowed) * len(r.workload)
-                   for r in rollouts if len(r.workload)) / requests
+        if slowdown not in attainment:
+            slowed = scaled_profiles(profiles, slowdown)
+            attainment[slowdown] = sum(attainment_through(r.spans, profiles, r.workload, config, slowed)
+                                       * len(r.workload) for r in rollouts if len(r.workload)) / requests
+        return attainment[slowdown]
 
-    def result(slowdown: float, attainment: float) -> LoadingCalibration:
-        return LoadingCalibration(slowdown, observed, attainment, len(rollouts), requests, loading)
-
-    fastest = simulated(MIN_LOADING_SLOWDOWN)
-    if observed >= fastest:
-        return result(MIN_LOADING_SLOWDOWN, fastest)
-    slowest = simulated(MAX_LOADING_SLOWDOWN)
-    if observed <= slowest:
-        return result(MAX_LOADING_SLOWDOWN, slowest)
-    low, high = np.log(MIN_LOADING_SLOWDOWN), np.log(MAX_LOADING_SLOWDOWN)
-    for _ in range(BISECTION_STEPS):
-        middle = (low + high) / 2
-        if simulated(float(np.exp(middle))) > observed:
-            low = middle
-        else:
-            high = middle
-    slowdown = float(np.exp((low + high) / 2))
-    return result(slowdown, simulated(slowdown))
+    # Attainment falls as the slowdown grows: bisect on its negative.
+    slowdown = bisect_log(lambda trial: -simulated(trial), -observed, MIN_LOADING_SLOWDOWN, MAX_LOADING_SLOWDOWN,
+                          BISECTION_STEPS)
+    return LoadingCalibration(slowdown, observed, simulated(slowdown), len(rollouts), requests, loading)
