@@ -9,8 +9,8 @@ half time. Each request embeds a batch of passages, so that its model compute ou
    through the ingress and straight to a group replica give each model's service time and the ingress overhead;
    timed rollout steps give each model's load time into running stage actors (a swap), the seconds to start new
    actors (an added model), the step's other seconds and how much slower the other group serves meanwhile (the
-   controller prices rollouts with them); lone requests to one device while the other idles and while it computes
-   give the host contention (the simulator's `host_contention_per_busy_device`: both devices share two cores). A
+   controller prices rollouts with them); one device's closed-loop throughput with the other idle and at full load
+   gives the host contention (the simulator's `host_contention_per_busy_device`: both devices share two cores). A
    closed-loop probe with every device busy sets the capacity, hence the offered load and the SLO.
 2. **Deploy** the application with the placement the planner picks for the first half and the controller on (its
    profiles: the lone-request times, which it recalibrates online from the ingress's records every decision).
@@ -112,9 +112,10 @@ MAX_BATCH_REQUESTS = 6
 LOADED_CLIENTS = 8
 LOADED_BASELINE_S = 3.0
 LOADED_SWAPS = 3
-#: Lone requests timed with the other device idle, then busy (the host-contention probe; the median is kept).
-CONTENTION_REQUESTS = 30
-#: Requests in flight that keep the other device busy during the host-contention probe.
+#: Host-contention probe: seconds of each closed-loop phase (one device at full load, then both), rounds of the two
+#: phases (alternated, so that a drift of the VM's speed falls on both), and requests in flight per busy device.
+CONTENTION_PHASE_S = 2.5
+CONTENTION_ROUNDS = 2
 CONTENTION_LOAD = 2
 #: Repeated traces (different seeds) in one run.
 NUM_TRACES = 3
@@ -136,6 +137,8 @@ SHARES_AFTER = (0.1, 0.15, 0.75)
 #: reached 15 min 1 s).
 SATURATION_FACTOR = 4.0
 SATURATION_S = 6.0
+#: Seconds between the host CPU readings of a replay (its progress reports).
+CPU_READING_S = 10.0
 #: Width of the attainment windows in the timeline, seconds.
 TIMELINE_BIN_S = 5.0
 #: Steady re-placement phase: offered rate as a share of capacity (split over minilm-a and minilm-b), seconds of
@@ -320,39 +323,74 @@ async def profile_live(handle) -> tuple[dict[str, float], float, dict[int, float
     return service, max(0.0, float(np.median(overhead))), batch_ratio
 
 
-async def measure_host_contention() -> float:
-    """The simulator's `host_contention_per_busy_device`, measured on the profiling deployment (every model on both
-    devices): how much longer a lone request straight to group 1 takes while requests straight to group 0 keep it
-    computing (CONTENTION_LOAD in flight, closed loop) than while it idles, median over median minus one.
-    The two devices are shares of the same two cores, which the ingress and this driver use too; on a GPU cluster the
-    figure would be 0."""
+def host_cpu_times() -> tuple[float, float] | None:
+    """(busy, total) CPU seconds of the whole host since boot, from /proc/stat (None where there is none): the share
+    busy between two readings says whether the host's cores ran out."""
+    try:
+        with open("/proc/stat") as stat:
+            # user nice system idle iowait irq softirq steal (guest time is counted in user and nice again)
+            fields = [float(v) for v in stat.readline().split()[1:9]]
+    except OSError:
+        return None
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
+
+
+def host_cpu_busy_share(before: tuple[float, float] | None, after: tuple[float, float] | None) -> float | None:
+    """Share of the host's CPU time busy between two `host_cpu_times()` readings (1.0: every core busy)."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
+async def measure_host_contention() -> tuple[float, dict]:
+    """The simulator's `host_contention_per_busy_device`, measured at full load on the profiling deployment (every
+    model on both devices): requests straight to group 1 (CONTENTION_LOAD in flight, closed loop) answered per second
+    with group 0 idle against with group 0 at full load too, alternated CONTENTION_ROUNDS times; the ratio minus one.
+    Also the host's CPU share busy in each phase. The two devices are shares of the same two cores, which the ingress
+    and this driver use too; on a GPU cluster the figure would be 0. (Until 2026-11-25 the probe timed lone requests
+    beside two in flight: 30 per phase gave +0.05 to +0.56 from run to run.)"""
     from ray import serve
 
     from rayserve_apps.contracts import group_deployment_name
 
     token_ids = token_ids_of_request()
-    group = serve.get_deployment_handle(group_deployment_name(1), app_name="plexserve")
-    other = serve.get_deployment_handle(group_deployment_name(0), app_name="plexserve")
+    groups = [serve.get_deployment_handle(group_deployment_name(g), app_name="plexserve") for g in range(NUM_DEVICES)]
 
-    async def lone_requests() -> float:
-        return float(np.median([await timed(group.embed_token_ids.remote(MODELS[0], token_ids))
-                                for _ in range(CONTENTION_REQUESTS)]))
+    async def closed_loop(busy_groups: list[int]) -> tuple[float, float | None]:
+        """Group 1's answers per second with `busy_groups` at full load; the host's busy CPU share meanwhile."""
+        done = 0
+        stop = time.perf_counter() + CONTENTION_PHASE_S
 
-    idle_s = await lone_requests()
-    stop = asyncio.Event()
+        async def client(g: int) -> None:
+            nonlocal done
+            while time.perf_counter() < stop:
+                await groups[g].embed_token_ids.remote(MODELS[g], token_ids)
+                done += g == 1
 
-    async def keep_busy() -> None:
-        while not stop.is_set():
-            await other.embed_token_ids.remote(MODELS[1], token_ids)
+        cpu_before, started = host_cpu_times(), time.perf_counter()
+        await asyncio.gather(*(client(g) for g in busy_groups for _ in range(CONTENTION_LOAD)))
+        return done / (time.perf_counter() - started), host_cpu_busy_share(cpu_before, host_cpu_times())
 
-    load = [asyncio.ensure_future(keep_busy()) for _ in range(CONTENTION_LOAD)]
-    busy_s = await lone_requests()
-    stop.set()
-    await asyncio.gather(*load)
-    contention = max(0.0, busy_s / idle_s - 1.0)
-    log.info("host contention: a lone request takes %.1f ms with the other device idle, %.1f ms while it computes "
-             "(+%.2f per busy device)", 1e3 * idle_s, 1e3 * busy_s, contention)
-    return contention
+    alone, beside = [], []
+    for _ in range(CONTENTION_ROUNDS):
+        alone.append(await closed_loop([1]))
+        beside.append(await closed_loop([0, 1]))
+    alone_per_s = float(np.mean([rate for rate, _ in alone]))
+    beside_per_s = float(np.mean([rate for rate, _ in beside]))
+    contention = max(0.0, alone_per_s / beside_per_s - 1.0)
+    cpu = {"one_device_busy": mean_or_none([share for _, share in alone]),
+           "both_devices_busy": mean_or_none([share for _, share in beside])}
+    log.info("host contention: group 1 answers %.2f/s with group 0 idle, %.2f/s with it at full load (+%.2f per busy "
+             "device); host CPU busy %s / %s", alone_per_s, beside_per_s, contention,
+             cpu["one_device_busy"], cpu["both_devices_busy"])
+    return contention, {"group_answers_per_s_alone": alone_per_s, "group_answers_per_s_beside_busy": beside_per_s,
+                        "host_cpu_busy_share": cpu}
+
+
+def mean_or_none(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return float(np.mean(known)) if known else None
 
 
 async def measure_throughput(handle, seconds: float, concurrency: int) -> float:
@@ -421,6 +459,7 @@ async def replay(handle, workload, slo_s: float) -> dict[str, np.ndarray]:
 
     tasks = []
     next_report = 0.0
+    cpu_readings = []  # (seconds into the trace, the host's CPU times then): its busy share per stretch
     for i in range(n):
         delay = workload.arrival_s[i] - (time.perf_counter() - start)
         if delay > 0:
@@ -428,11 +467,20 @@ async def replay(handle, workload, slo_s: float) -> dict[str, np.ndarray]:
         tasks.append(asyncio.ensure_future(one(i)))
         if workload.arrival_s[i] >= next_report:
             log.info("replay: t=%.0f s, %d/%d requests sent", workload.arrival_s[i], i + 1, n)
-            next_report += 10.0
+            cpu_readings.append((time.perf_counter() - start, host_cpu_times()))
+            next_report += CPU_READING_S
     await asyncio.gather(*tasks)
+    cpu_readings.append((time.perf_counter() - start, host_cpu_times()))
     met = (outcome == 0) & (latency <= slo_s)
-    return {"latency": latency, "outcome": outcome, "met": met,
+    return {"latency": latency, "outcome": outcome, "met": met, "cpu_readings": cpu_readings,
             "start_wall": time.time() - (time.perf_counter() - start)}
+
+
+def host_cpu_share_between(run: dict, start_s: float, end_s: float) -> float | None:
+    """The host's busy CPU share over a replay's readings from the first at or after `start_s` to the last at or
+    before `end_s` (None with fewer than two)."""
+    inside = [cpu for at, cpu in run["cpu_readings"] if start_s <= at <= end_s]
+    return host_cpu_busy_share(inside[0], inside[-1]) if len(inside) >= 2 else None
 
 
 def sim_config(overhead_s: float, host_contention: float = 0.0) -> SimulatorConfig:
@@ -784,6 +832,14 @@ async def controller_trace(handle, controller, profile_sets: dict, transition, s
         "static_abs_gap": abs(float(static["met"].mean()) - float(static_sim.mean())),
         "second_half_attainment_real": float(dynamic["met"][second].mean()),
         "static_second_half_attainment_real": float(static["met"][second].mean()),
+        # Whether the host's two cores ran out: its busy CPU share in the static run's halves, and in the controller
+        # run before the shift and after its first re-placement after it (both devices at full load).
+        "host_cpu_busy_share": {
+            "static_first_half": host_cpu_share_between(static, 0.0, shift_s),
+            "static_second_half": host_cpu_share_between(static, shift_s, np.inf),
+            "controller_first_half": host_cpu_share_between(dynamic, 0.0, shift_s),
+            "controller_after_move": (host_cpu_share_between(dynamic, after_shift[0], np.inf) if after_shift
+                                      else None)},
         "controller_gain_real": float(dynamic["met"][second].mean() - static["met"][second].mean()),
         "controller_gain_sim": float(dynamic_sim[second].mean() - static_sim[second].mean()),
         "transition_cost_predicted": float(np.mean(predicted_costs)) if predicted_costs else None,
@@ -820,7 +876,8 @@ async def run(args) -> dict:
     deploy(profiling_spec, http_options)
     handle = serve.get_app_handle("plexserve")
     lone_s, overhead_s, batch_ratio = await profile_live(handle)
-    simulated = sim_config(overhead_s, await measure_host_contention())
+    contention, contention_probe = await measure_host_contention()
+    simulated = sim_config(overhead_s, contention)
     throughput = await measure_throughput(handle, THROUGHPUT_PROBE_S, THROUGHPUT_CONCURRENCY)
     # Per-request device time at full load: the devices' share of the measured throughput, split by lone-time ratios.
     # It sets the SLO and the offered load (as in earlier runs); the simulator's service times are calibrated below.
@@ -914,6 +971,7 @@ async def run(args) -> dict:
         "load_s": load_s, "transition": transition.model_dump(), "throughput_per_s": throughput,
         "ingress_overhead_ms": 1e3 * overhead_s,
         "host_contention_per_busy_device": simulated.host_contention_per_busy_device,
+        "host_contention_probe": contention_probe,
         "duration_s": duration_s, "period_s": period_s, "machine": machine_description(),
     }
     return figures

@@ -66,12 +66,14 @@ class Span:
     loading: bool  # a rollout step loads models (latencies scaled by loading_slowdown)
 
 
-def serving_placement(before: SlotLayout, after: SlotLayout) -> Placement:
+def serving_placement(before: SlotLayout, after: SlotLayout, routes: list[list[str]] | None = None) -> Placement:
     """What serves while a step moves `before` to `after`: each slot's group with the models it serves both before
-    and after (`transition_routes`); slots left with none serve nothing."""
+    and after (`routes`: `transition_routes(before, after)`, computed here unless the caller has them); slots left
+    with none serve nothing."""
+    if routes is None:
+        routes = transition_routes(before, after)
     return Placement(groups=[GroupPlacement(num_devices=g.num_devices, config=g.config, models=models)
-                             for g, models in zip(before.slots, transition_routes(before, after))
-                             if g is not None and models])
+                             for g, models in zip(before.slots, routes) if g is not None and models])
 
 
 def rollout_timeline(current: SlotLayout, target: Placement, profiles: ProfileSet, num_devices: int,

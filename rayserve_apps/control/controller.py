@@ -447,7 +447,7 @@ class PlacementController:
             logger.info("placement controller: step %d/%d: %s", number, len(rollout.steps),
                         ", ".join(f"slot {c.slot} {c.kind}" for c in step.changes))
             during = transition_routes(self.layout, step.layout)
-            serving = serving_placement(self.layout, step.layout)
+            serving = serving_placement(self.layout, step.layout, during)
             loads = any(c.after is not None for c in step.changes)
             marks = [time.time()]
             if during != self.routes:  # 1. stop routing to what this step drops
