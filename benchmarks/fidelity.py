@@ -40,10 +40,13 @@ run, real vs simulated through its rollouts), transition_cost_predicted and tran
 per request while a rollout runs: the decision's prediction vs the live run against the target simulated as
 deployed), reaction_s (the shift at half time to the first re-placement applied after it), real_repeat_diff_max_abs
 (the live system's own repeatability: controller run minus static run, real, on the requests before the first
-re-placement began, where trace and placement are the same), failed_accepted, unchanged_p99_ratio (step 6), and per
-trace its figures, decisions and re-placements. A PNG timeline (rate per model, attainment per window, real and
-simulated through the rollouts, re-placements) goes to benchmarks/out/fidelity.png, every replayed request with the
-placements and factors in force to benchmarks/out/fidelity_records.json (to score other simulator settings offline).
+re-placement began, where trace and placement are the same), failed_accepted, unchanged_p99_ratio (step 6),
+host_contention_probe (step 1's throughputs and the host's busy CPU share with one and with both devices at full
+load), and per trace its figures (among them host_cpu_busy_share: the host's busy CPU share in each half of the
+static run, and in the controller run before the shift and after its move), decisions and re-placements. A PNG
+timeline (rate per model, attainment per window, real and simulated through the rollouts, re-placements) goes to
+benchmarks/out/fidelity.png, every replayed request with the placements and factors in force to
+benchmarks/out/fidelity_records.json (to score other simulator settings offline).
 
     python benchmarks/fidelity.py --quick
 """
