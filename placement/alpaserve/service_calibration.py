@@ -23,6 +23,7 @@ ones a prediction is judged on (the controller: the last window, for the next de
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -99,10 +100,13 @@ def calibrate_service_scale(placement: Placement, profiles: ProfileSet, workload
     met = answered & (np.nan_to_num(latency_s, nan=np.inf) <= workload.slo_s)
     observed_attainment = float(met[scored].mean())
 
+    # Memoised: the bisection's bounds and the factor it returns are also asked for around it (a simulation each).
+    @functools.cache
     def latency_at(scale: float) -> float:
         value = simulated_latency_quantile(placement, profiles, workload, config, quantile, scale, scored)
         return np.inf if np.isnan(value) else value
 
+    @functools.cache
     def attainment_at(scale: float) -> float:
         result = simulate(placement, scaled_profiles(profiles, scale), workload, config)
         return float((result.status == SERVED)[scored].mean())

@@ -17,6 +17,7 @@ reproduces the attainment a real rollout had.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
@@ -103,14 +104,11 @@ def calibrate_loading_slowdown(rollouts: Sequence[ObservedRollout], profiles: Pr
         return None
     observed = sum(r.met() for r in rollouts) / requests
 
-    attainment: dict[float, float] = {}
-
+    @functools.cache  # the bisection's bound and the slowdown it returns are asked for again below
     def simulated(slowdown: float) -> float:
-        if slowdown not in attainment:
-            slowed = scaled_profiles(profiles, slowdown)
-            attainment[slowdown] = sum(attainment_through(r.spans, profiles, r.workload, config, slowed)
-                                       * len(r.workload) for r in rollouts if len(r.workload)) / requests
-        return attainment[slowdown]
+        slowed = scaled_profiles(profiles, slowdown)
+        return sum(attainment_through(r.spans, profiles, r.workload, config, slowed) * len(r.workload)
+                   for r in rollouts if len(r.workload)) / requests
 
     # Attainment falls as the slowdown grows: bisect on its negative.
     slowdown = bisect_log(lambda trial: -simulated(trial), -observed, MIN_LOADING_SLOWDOWN, MAX_LOADING_SLOWDOWN,
