@@ -160,8 +160,17 @@ def test_a_move_after_a_burst_is_not_confirmed_on_the_longer_window_and_one_afte
     assert after_burst.recheck_window_s(5.0) == 10.0  # looked at again 5 s later, on the 10 s since the shift
     after_shift = replan.decide(one_per_device(), traffic({"a": 25.0}), fit_window_s=5.0)
     assert after_shift.chosen != "keep" and after_shift.confirmation_gain >= 0.02
-    assert after_shift.recheck_window_s(5.0) is None
+    assert after_shift.recheck_window_s(5.0) is None  # moved: nothing to look at again
     assert replan.decide(one_per_device(), traffic({"a": 25.0})).confirmation_gain is None  # a period decision
+
+
+def test_a_shift_decision_that_finds_no_move_yet_is_looked_at_again():
+    """Issue 18 (react within one period): 5 s after a shift, a model's new rate may still look like what its groups
+    serve; a shift decision that keeps for want of a move worth min_gain gets the same second look as an unconfirmed
+    one, a shift window later, instead of waiting for the next period."""
+    too_early = policy().decide(one_per_device(), traffic({"a": 2.0, "b": 2.0, "c": 2.0}), fit_window_s=5.0)
+    assert too_early.chosen == "keep" and too_early.confirmation_gain is None and "below min_gain" in too_early.reason
+    assert too_early.recheck_window_s(5.0) == 10.0
 
 
 def test_a_large_shift_still_pays_for_its_rollout():

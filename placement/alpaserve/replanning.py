@@ -28,8 +28,10 @@ the traffic since the shift, a window shorter than the policy's `fit_window_s`. 
 keeping by `min_gain` on the traffic fitted over `fit_window_s` (held out, through the rollout: `_confirm`): a real
 shift shows in the longer window too, a burst of a few seconds of bursty traffic mostly does not (a live run once
 swapped minilm-c off one of its two groups on a 5 s burst, predicted at +0.021, and swapped it back 14 s later).
-Right after a real shift the longer window is still half before it, so an unconfirmed move gets a second look one
-shift window later, on the traffic since the shift (`ReplanDecision.recheck_window_s`).
+Right after a real shift the longer window is still half before it, and the few seconds since the shift may not yet
+show a move worth `min_gain` (a model's new rate is one device's worth in a 5 s draw), so a shift decision that keeps
+gets a second look one shift window later, on the traffic since the shift (`ReplanDecision.recheck_window_s`),
+instead of waiting for the next period.
 
 **Calibrated service times.** With `calibration` settings, `calibrate` refits one factor on the profiled latencies
 from the answered latencies of an observation (`service_calibration.py`: the simulator replays the window's real
@@ -141,10 +143,11 @@ class ReplanDecision(BaseModel):
         return next(c for c in self.candidates if c.name == name)
 
     def recheck_window_s(self, shift_window_s: float) -> float | None:
-        """For a decision on the `shift_window_s` since a detected shift whose move was not confirmed: the window a
-        second look one shift window later fits (the traffic since the shift test's later window began: twice the
-        shift window); None when there is nothing to look at again."""
-        if self.confirmation_gain is None or self.chosen != "keep":
+        """For a decision on the `shift_window_s` since a detected shift that kept the placement (its move was not
+        confirmed, or the few seconds since the shift showed no move worth `min_gain` yet): the window a second look
+        one shift window later fits (the traffic since the shift test's later window began: twice the shift window);
+        None after a move, when there is nothing to look at again."""
+        if self.chosen != "keep":
             return None
         return 2.0 * shift_window_s
 

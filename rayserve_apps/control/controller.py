@@ -22,9 +22,9 @@ logged as `loading_slowdown`, `loading_calibration`). While an operator has paus
 every period (the placement stays frozen; the factor stays current for when decisions resume).
 Between two periods a two-window rate test on the reported traffic (`detect_rate_shifts`) may trigger the decision
 early (trigger 'shift' in the log), at most once per `cooldown_s` after the last decision; such a decision judges
-the candidates on the traffic since the shift (the test's later window), not on the whole period. A move it
-suggests that the policy's longer fit does not confirm gets one second look a shift window later, on the traffic
-since the shift (trigger 'shift_recheck').
+the candidates on the traffic since the shift (the test's later window), not on the whole period. If it keeps (its
+move not confirmed by the policy's longer fit, or no move worth `min_gain` in the few seconds since the shift), it
+gets one second look a shift window later, on the traffic since the shift (trigger 'shift_recheck').
 
 Runtime allocation (each text model with `policies.polymorphing: {name: arlo}` outside the groups; Arlo §3.3):
 `runtime_allocations.py` re-solves the model's runtime counts from the input lengths of its last allocation period
@@ -138,7 +138,7 @@ class PlacementController:
         self.calibration_restarted_s = 0.0
         #: The last rollout as it ran, until the loading slowdown has been refitted on the requests during it.
         self.last_rollout: RolloutRun | None = None
-        #: A shift decision's unconfirmed move: when (time.monotonic()) to look again, and on how many seconds.
+        #: A kept shift decision's second look: when (time.monotonic()) to look again, and on how many seconds.
         self.recheck_at_s: float | None = None
         self.recheck_window_s: float | None = None
         #: While paused the periodic decisions are skipped (an operator freezing the placement); `replan_now` and
