@@ -145,14 +145,20 @@ def test_a_shift_decision_fits_the_traffic_since_the_shift():
         since["c"].rate_per_s)
 
 
+def a_burst(rate_per_s: float) -> ObservedTraffic:
+    """2 requests/s of each model for 60 s, and a's last 3 s at `rate_per_s`."""
+    steady = [poisson(2.0, 60.0, k) for k in range(3)]
+    burst = np.sort(np.concatenate([steady[0], 57.0 + poisson(rate_per_s, 3.0, 7)]))
+    return ObservedTraffic(MODELS, [burst, *steady[1:]], 60.0, [SLO_S] * 3)
+
+
 def test_a_move_after_a_burst_is_not_confirmed_on_the_longer_window_and_one_after_a_shift_is():
-    """A shift decision fits the 5 s since the shift; its move must also gain min_gain on the policy's 30 s fit."""
-    steady = [poisson(2.0, 60.0, k) for k in range(3)]  # 2 requests/s of each model, and a's last 3 s at 20/s
-    burst = ObservedTraffic(MODELS, [np.sort(np.concatenate([steady[0], 57.0 + poisson(20.0, 3.0, 7)])), *steady[1:]],
-                            60.0, [SLO_S] * 3)
+    """A shift decision fits the 5 s since the shift; its move must also gain min_gain on the policy's 30 s fit (here
+    every such move: shift_confirm_below_gain 1)."""
     replan = ReplanPolicy(profiles=PROFILES, num_devices=3, device_memory_bytes=16 * GIB,
-                          planner=PlannerConfig(max_group_devices=2), min_gain=0.02, fit_window_s=30.0)
-    after_burst = replan.decide(one_per_device(), burst, fit_window_s=5.0)
+                          planner=PlannerConfig(max_group_devices=2), min_gain=0.02, fit_window_s=30.0,
+                          shift_confirm_below_gain=1.0)
+    after_burst = replan.decide(one_per_device(), a_burst(20.0), fit_window_s=5.0)
     move = max(after_burst.candidates, key=lambda c: c.through_rollout_attainment)
     assert move.through_rollout_attainment - after_burst.candidate("keep").through_rollout_attainment >= 0.02
     assert after_burst.chosen == "keep" and "not confirmed" in after_burst.reason
@@ -162,6 +168,23 @@ def test_a_move_after_a_burst_is_not_confirmed_on_the_longer_window_and_one_afte
     assert after_shift.chosen != "keep" and after_shift.confirmation_gain >= 0.02
     assert after_shift.recheck_window_s(5.0) is None  # moved: nothing to look at again
     assert replan.decide(one_per_device(), traffic({"a": 25.0})).confirmation_gain is None  # a period decision
+
+
+def test_a_shift_move_predicted_to_gain_much_is_applied_without_waiting_for_the_longer_window():
+    """Issue 18 (react within one period): right after a real shift the longer window is half before it and confirms
+    nothing; a move predicted on the traffic since the shift to gain at least shift_confirm_below_gain (default 0.05)
+    is applied at once, a smaller one (what a few seconds' burst predicts) still needs the confirmation."""
+    replan = ReplanPolicy(profiles=PROFILES, num_devices=3, device_memory_bytes=16 * GIB,
+                          planner=PlannerConfig(max_group_devices=2), min_gain=0.02, fit_window_s=30.0)
+    assert replan.shift_confirm_below_gain == 0.05
+    large = replan.decide(one_per_device(), a_burst(20.0), fit_window_s=5.0)
+    assert large.chosen != "keep" and large.predicted_gain >= 0.05
+    assert large.confirmation_gain is None and "applied unconfirmed" in large.reason
+    assert large.recheck_window_s(5.0) is None
+    small = replan.decide(one_per_device(), a_burst(10.0), fit_window_s=5.0)
+    move = max(small.candidates, key=lambda c: c.through_rollout_attainment)
+    assert 0.02 <= move.through_rollout_attainment - small.candidate("keep").through_rollout_attainment < 0.05
+    assert small.chosen == "keep" and small.confirmation_gain is not None and "not confirmed" in small.reason
 
 
 def test_a_shift_decision_that_finds_no_move_yet_is_looked_at_again():
@@ -216,3 +239,36 @@ def test_traffic_window_keeps_the_last_period_and_counts_outcomes():
     assert [list(a) for a in observed.arrival_s] == [[3.0], [4.0]]
     assert window.length_histogram(112.0, "b") == [0, 0, 0, 0, 0, 1, 0]
     assert RequestRecord.from_json(RequestRecord("a", 1.0, "ok").to_json()) == RequestRecord("a", 1.0, "ok")
+
+
+def test_a_kept_shift_decision_gets_its_looks_a_shift_window_apart_until_one_moves():
+    """Issue 18 (react within one period): a shift test that fires just before the change leaves the first look's
+    window half before it; the kept shift decision gets `looks` decisions a shift window apart (here 2), each on the
+    last two shift windows, and a move, a period decision or the last look ends them."""
+    from placement.alpaserve.shift_looks import ShiftLooks
+
+    replan = policy()
+    keep = replan.decide(one_per_device(), traffic({"a": 2.0, "b": 2.0, "c": 2.0}), fit_window_s=5.0)
+    move = replan.decide(one_per_device(), traffic({"a": 25.0}), fit_window_s=5.0)
+    assert keep.chosen == "keep" and move.chosen != "keep"
+    looks = ShiftLooks(looks=2)
+    looks.after_shift(keep, 5.0, now_s=100.0)
+    assert looks.take_due(104.0) is None and looks.take_due(105.0) == 10.0
+    assert looks.take_due(105.5) is None  # taken once, even if that look fails
+    looks.after_look(keep, 5.0, now_s=105.0)
+    assert looks.take_due(110.0) == 10.0  # the second look
+    looks.after_look(keep, 5.0, now_s=110.0)
+    assert looks.take_due(1e9) is None  # no third
+    looks.after_shift(keep, 5.0, now_s=200.0)
+    looks.after_look(move, 5.0, now_s=205.0)
+    assert looks.take_due(1e9) is None  # a move ends them
+    looks.after_shift(keep, 5.0, now_s=300.0)
+    looks.cancel()  # a period decision
+    assert looks.take_due(1e9) is None
+    one = ShiftLooks(looks=1)  # the rule until 2026-11-25: one look
+    one.after_shift(keep, 5.0, now_s=0.0)
+    assert one.take_due(5.0) == 10.0
+    one.after_look(keep, 5.0, now_s=5.0)
+    assert one.take_due(1e9) is None
+    with pytest.raises(ValueError, match="looks"):
+        ShiftLooks(looks=-1)

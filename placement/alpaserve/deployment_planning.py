@@ -72,6 +72,7 @@ def replan_policy(spec: DeploymentSpec, base_dir: str | Path = ".") -> ReplanPol
     return ReplanPolicy(profiles=profiles, num_devices=spec.cluster.num_devices,
                         device_memory_bytes=spec.cluster.device_memory_bytes,
                         planner=planner_config(plan_spec), min_gain=settings.min_gain,
+                        shift_confirm_below_gain=settings.shift_confirm_below_gain,
                         fit_window_s=settings.fit_window_s, held_out_resamples=settings.held_out_resamples,
                         horizon_s=settings.horizon_periods * settings.period_s,
                         transition=settings.transition if settings.price_transitions else None,

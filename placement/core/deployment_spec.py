@@ -203,7 +203,17 @@ class ControllerSpec(_Strict):
     shift_detection: bool = Field(default=True, description="Decide early when a per-model rate shift is detected "
                                                             "(two-window rate test), at most once per cooldown_s; a "
                                                             "move judged on the traffic since the shift must also "
-                                                            "gain min_gain on the fit_window_s fit.")
+                                                            "gain min_gain on the fit_window_s fit unless it gains "
+                                                            "shift_confirm_below_gain.")
+    shift_confirm_below_gain: float = Field(
+        default=0.05, ge=0, le=1,
+        description="Predicted SLO attainment gain (0..1) from which a move judged on the traffic since a shift is "
+                    "applied without confirmation on the fit_window_s fit (a few seconds' burst predicts less; 1: "
+                    "confirm every such move).")
+    shift_looks: int = Field(default=2, ge=0,
+                             description="Decisions after a shift decision that keeps, a shift window apart, each on "
+                                         "the last two shift windows (a move or any other decision ends them; 1 "
+                                         "until 2026-11-25).")
     shift_window_s: float = Field(default=5.0, gt=0,
                                   description="Seconds of each of the two windows the shift test compares.")
     shift_z: float = Field(default=4.0, gt=0,

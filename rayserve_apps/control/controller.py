@@ -22,9 +22,11 @@ logged as `loading_slowdown`, `loading_calibration`). While an operator has paus
 every period (the placement stays frozen; the factor stays current for when decisions resume).
 Between two periods a two-window rate test on the reported traffic (`detect_rate_shifts`) may trigger the decision
 early (trigger 'shift' in the log), at most once per `cooldown_s` after the last decision; such a decision judges
-the candidates on the traffic since the shift (the test's later window), not on the whole period. If it keeps (its
-move not confirmed by the policy's longer fit, or no move worth `min_gain` in the few seconds since the shift), it
-gets one second look a shift window later, on the traffic since the shift (trigger 'shift_recheck').
+the candidates on the traffic since the shift (the test's later window), not on the whole period; a move predicted
+below `shift_confirm_below_gain` there must also be confirmed by the policy's longer fit. If it keeps (its move not
+confirmed, or no move worth `min_gain` in the few seconds since the shift), it gets up to `shift_looks` (2) more
+decisions, a shift window apart, each on the last two shift windows (trigger 'shift_recheck';
+`placement.alpaserve.shift_looks`).
 
 Runtime allocation (each text model with `policies.polymorphing: {name: arlo}` outside the groups; Arlo §3.3):
 `runtime_allocations.py` re-solves the model's runtime counts from the input lengths of its last allocation period
@@ -48,6 +50,7 @@ from ray import serve
 from placement.alpaserve.deployment_planning import replan_policy
 from placement.alpaserve.placement_rollout import Rollout, SlotLayout, plan_rollout, transition_routes
 from placement.alpaserve.service_calibration import ServiceCalibration
+from placement.alpaserve.shift_looks import ShiftLooks
 from placement.alpaserve.transition import Span, serving_placement
 from placement.alpaserve.transition_calibration import LoadingCalibration, RolloutRun
 from placement.arlo.live_allocator import AllocationDecision
@@ -138,9 +141,8 @@ class PlacementController:
         self.calibration_restarted_s = 0.0
         #: The last rollout as it ran, until the loading slowdown has been refitted on the requests during it.
         self.last_rollout: RolloutRun | None = None
-        #: A kept shift decision's second look: when (time.monotonic()) to look again, and on how many seconds.
-        self.recheck_at_s: float | None = None
-        self.recheck_window_s: float | None = None
+        #: The looks after a kept shift decision (time.monotonic() seconds).
+        self.shift_looks = ShiftLooks(self.settings.shift_looks)
         #: While paused the periodic decisions are skipped (an operator freezing the placement); `replan_now` and
         #: `apply_placement` still work.
         self.paused = False
@@ -231,10 +233,11 @@ class PlacementController:
             await asyncio.sleep(min(SHIFT_POLL_S, max(deadline - time.monotonic(), 0.0)))
             if self.paused or not (self.groups_enabled and self.settings.shift_detection):
                 continue
-            if self.recheck_at_s is not None and time.monotonic() >= self.recheck_at_s:
-                window_s, self.recheck_at_s = self.recheck_window_s, None  # one second look, even if it fails
+            window_s = self.shift_looks.take_due(time.monotonic())  # taken even if the look fails
+            if window_s is not None:
                 try:
-                    await self._logged("shift_recheck", lambda: self._decide_and_apply(fit_window_s=window_s))
+                    await self._logged("shift_recheck", lambda: self._decide_and_apply(fit_window_s=window_s,
+                                                                                        look=True))
                 except Exception:  # noqa: BLE001 - one failed decision must not stop the controller
                     logger.exception("placement controller: decision failed")
                 deadline = time.monotonic() + self.settings.period_s
@@ -242,7 +245,7 @@ class PlacementController:
             cooldown_s = self.settings.cooldown_s or self.settings.period_s / 2
             if time.time() - self.last_group_decision_s < cooldown_s:
                 continue
-            shift_window_s = min(self.settings.shift_window_s, self.settings.period_s / 2)
+            shift_window_s = self._shift_window_s()
             shifts = detect_rate_shifts(self.window, time.time(), self.models, shift_window_s, self.settings.shift_z,
                                         self.settings.shift_min_ratio, self.settings.shift_min_requests)
             if shifts:
@@ -304,13 +307,19 @@ class PlacementController:
             entry.update(duration_s=time.time() - started, version_after=self.version)
             return self.log.record(entry)
 
-    async def _decide_and_apply(self, shifts: list[dict[str, Any]] | None = None,
-                                fit_window_s: float | None = None) -> dict[str, Any]:
+    def _shift_window_s(self) -> float:
+        """Seconds of each of the shift test's two windows (at most half a period)."""
+        return min(self.settings.shift_window_s, self.settings.period_s / 2)
+
+    async def _decide_and_apply(self, shifts: list[dict[str, Any]] | None = None, fit_window_s: float | None = None,
+                                look: bool = False) -> dict[str, Any]:
         """One group decision on the window just past; after a rate shift (`shifts`), the candidates are judged on
-        the traffic since the shift (`fit_window_s`: the shift test's window)."""
+        the traffic since the shift (`fit_window_s`: the shift test's window); a `look` after a kept shift decision
+        on the last `fit_window_s` (`placement.alpaserve.shift_looks`)."""
         now = time.time()
         self.last_group_decision_s = now
-        self.recheck_at_s = None  # any decision answers a pending second look
+        if shifts is None and not look:
+            self.shift_looks.cancel()  # any other decision answers the pending looks
         traffic = self.window.observed(now, self.models, self.slo_s)
         observed = {name: {"requests": s.requests, "answered": s.answered, "slo_met": s.slo_met, "rejected": s.rejected,
                            "failed": s.failed, "attainment": s.attainment}
@@ -340,9 +349,9 @@ class PlacementController:
             entry["loading_calibration"] = loading.to_json()
         if shifts is not None:
             entry["shifts"] = shifts
-            self.recheck_window_s = decision.recheck_window_s(fit_window_s)
-            if self.recheck_window_s is not None:
-                self.recheck_at_s = time.monotonic() + fit_window_s
+            self.shift_looks.after_shift(decision, self._shift_window_s(), time.monotonic())
+        elif look:
+            self.shift_looks.after_look(decision, self._shift_window_s(), time.monotonic())
         if decision.chosen == "keep":
             entry["outcome"] = "idle" if not any(len(a) for a in traffic.arrival_s) else "kept"
             return entry
