@@ -22,9 +22,10 @@ PROFILES = ProfileSet(source="synthetic", device="stand-in",
                       models={m: model_profile(m, GIB, LATENCY_S) for m in MODELS})
 
 
-def policy(min_gain: float = 0.02, **kwargs) -> ReplanPolicy:
+def policy(min_gain: float = 0.02, fit_window_s: float = 20.0, **kwargs) -> ReplanPolicy:
     return ReplanPolicy(profiles=PROFILES, num_devices=3, device_memory_bytes=16 * GIB,
-                        planner=PlannerConfig(max_group_devices=2), min_gain=min_gain, fit_window_s=20.0, **kwargs)
+                        planner=PlannerConfig(max_group_devices=2), min_gain=min_gain, fit_window_s=fit_window_s,
+                        **kwargs)
 
 
 def one_per_device() -> Placement:
@@ -155,9 +156,7 @@ def a_burst(rate_per_s: float) -> ObservedTraffic:
 def test_a_move_after_a_burst_is_not_confirmed_on_the_longer_window_and_one_after_a_shift_is():
     """A shift decision fits the 5 s since the shift; its move must also gain min_gain on the policy's 30 s fit (here
     every such move: shift_confirm_below_gain 1)."""
-    replan = ReplanPolicy(profiles=PROFILES, num_devices=3, device_memory_bytes=16 * GIB,
-                          planner=PlannerConfig(max_group_devices=2), min_gain=0.02, fit_window_s=30.0,
-                          shift_confirm_below_gain=1.0)
+    replan = policy(fit_window_s=30.0, shift_confirm_below_gain=1.0)
     after_burst = replan.decide(one_per_device(), a_burst(20.0), fit_window_s=5.0)
     move = max(after_burst.candidates, key=lambda c: c.through_rollout_attainment)
     assert move.through_rollout_attainment - after_burst.candidate("keep").through_rollout_attainment >= 0.02
@@ -174,8 +173,7 @@ def test_a_shift_move_predicted_to_gain_much_is_applied_without_waiting_for_the_
     """Issue 18 (react within one period): right after a real shift the longer window is half before it and confirms
     nothing; a move predicted on the traffic since the shift to gain at least shift_confirm_below_gain (default 0.05)
     is applied at once, a smaller one (what a few seconds' burst predicts) still needs the confirmation."""
-    replan = ReplanPolicy(profiles=PROFILES, num_devices=3, device_memory_bytes=16 * GIB,
-                          planner=PlannerConfig(max_group_devices=2), min_gain=0.02, fit_window_s=30.0)
+    replan = policy(fit_window_s=30.0)
     assert replan.shift_confirm_below_gain == 0.05
     large = replan.decide(one_per_device(), a_burst(20.0), fit_window_s=5.0)
     assert large.chosen != "keep" and large.predicted_gain >= 0.05
