@@ -270,3 +270,33 @@ def test_a_kept_shift_decision_gets_its_looks_a_shift_window_apart_until_one_mov
     assert one.take_due(1e9) is None
     with pytest.raises(ValueError, match="looks"):
         ShiftLooks(looks=-1)
+
+
+def test_a_shift_found_within_the_cool_down_triggers_the_decision_when_the_cool_down_ends():
+    """Issue 18 (react within one period): a period decision taken 1.4 s after a change keeps on a window mostly
+    before it. By the end of its cool-down both of the two-window test's windows hold the new traffic and the test no
+    longer fires; the shift it found within the cool-down triggers the decision then (until 2026-11-25 the move
+    waited for the next period)."""
+    from placement.alpaserve.shift_trigger import ShiftTrigger
+    from placement.core.traffic_window import detect_rate_shifts
+
+    arrivals_s = [k / 2 for k in range(90)] + [45.0 + k / 12 for k in range(15 * 12)]  # 2 requests/s, 12 from 45 s
+
+    def found(now_s: float) -> list[dict]:
+        window = TrafficWindow(window_s=20.0)
+        window.add(RequestRecord("c", t, "ok") for t in arrivals_s if t < now_s)  # reported by now_s
+        return [s.to_json() for s in detect_rate_shifts(window, now_s, ["c"], window_s=5.0, z_threshold=4.0,
+                                                        min_ratio=1.5, min_requests=20)]
+
+    assert found(49.4) and not found(51.4)  # fires within the cool-down, no longer when it ends
+    trigger = ShiftTrigger(cooldown_s=5.0, last_decision_s=46.4)  # the period decision after the change
+    assert [trigger.poll(found(now), now) for now in (47.4, 48.4, 49.4, 50.4)] == [[], [], [], []]
+    shifts = trigger.poll(found(51.4), 51.4)
+    assert [s["model"] for s in shifts] == ["c"] and shifts[0]["after_per_s"] > 2 * shifts[0]["before_per_s"]
+    trigger.decided(51.4)  # the shift decision answers it
+    assert trigger.poll([], 53.0) == [] and trigger.poll([], 53.5, due=True) == [] and trigger.poll([], 60.0) == []
+    # A look or a period falling due while a shift is found is a shift decision, even within the cool-down.
+    trigger.decided(61.0)
+    assert trigger.poll(found(49.4), 62.0) == [] and trigger.poll([], 63.0, due=True) == found(49.4)
+    with pytest.raises(ValueError, match="cooldown_s"):
+        ShiftTrigger(cooldown_s=-1.0, last_decision_s=0.0)

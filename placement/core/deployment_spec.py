@@ -224,7 +224,8 @@ class ControllerSpec(_Strict):
                                     description="Requests both windows must hold together before the test judges.")
     cooldown_s: float | None = Field(default=None, gt=0,
                                      description="Seconds after a decision before a shift may trigger "
-                                                  "another; default: half a period.")
+                                                  "another (a shift found within them triggers it when they "
+                                                  "end); default: half a period.")
     group_slots: int | None = Field(
         default=None, ge=1,
         description="Group deployments the application keeps (each runs a device group or stands empty); default: "

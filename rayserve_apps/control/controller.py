@@ -21,7 +21,9 @@ arrived during that rollout, replayed through its steps as they ran (`placement.
 logged as `loading_slowdown`, `loading_calibration`). While an operator has paused the decisions the refit goes on
 every period (the placement stays frozen; the factor stays current for when decisions resume).
 Between two periods a two-window rate test on the reported traffic (`detect_rate_shifts`) may trigger the decision
-early (trigger 'shift' in the log), at most once per `cooldown_s` after the last decision; such a decision judges
+early (trigger 'shift' in the log), at most once per `cooldown_s` after the last decision (the test runs within the
+cool-down too: a shift it finds there triggers the decision when the cool-down ends; a period or a look falling due
+while a shift is found is taken as a shift decision; `placement.alpaserve.shift_trigger`). Such a decision judges
 the candidates on the traffic since the shift (the test's later window), not on the whole period; a move predicted
 below `shift_confirm_below_gain` there must also be confirmed by the policy's longer fit. If it keeps (its move not
 confirmed, or no move worth `min_gain` in the few seconds since the shift), it gets up to `shift_looks` (2) more
@@ -51,6 +53,7 @@ from placement.alpaserve.deployment_planning import replan_policy
 from placement.alpaserve.placement_rollout import Rollout, SlotLayout, plan_rollout, transition_routes
 from placement.alpaserve.service_calibration import ServiceCalibration
 from placement.alpaserve.shift_looks import ShiftLooks
+from placement.alpaserve.shift_trigger import ShiftTrigger
 from placement.alpaserve.transition import Span, serving_placement
 from placement.alpaserve.transition_calibration import LoadingCalibration, RolloutRun
 from placement.arlo.live_allocator import AllocationDecision
@@ -132,8 +135,8 @@ class PlacementController:
         self.version = 0
         self.routes = self.layout.routes()
         self.recovered = self._read_state()
-        #: Wall-clock time of the last group decision (the shift trigger's cool-down counts from it).
-        self.last_group_decision_s = started
+        #: The shifts found since the last group decision (wall-clock seconds; the cool-down counts from it).
+        self.shift_trigger = ShiftTrigger(self.settings.cooldown_s or self.settings.period_s / 2, started)
         #: Wall-clock time the last rollout ended (its window does not calibrate the service times).
         self.layout_changed_s = 0.0
         #: Wall-clock time of the last calibration restart (`apply_placement(..., restart_calibration=True)`): the
@@ -207,7 +210,7 @@ class PlacementController:
         if self.routes != self.layout.routes():  # a predecessor died between two steps of a rollout: finish it
             await self._logged("recovery", self._finish_interrupted_step)
         while True:
-            await self._wait_for_period_or_shift()
+            shifts = await self._wait_for_period_or_shift()
             if self.paused:
                 if self.groups_enabled:
                     try:
@@ -216,7 +219,8 @@ class PlacementController:
                     except Exception:  # noqa: BLE001 - a failed refit must not stop the controller
                         logger.exception("placement controller: refit failed")
                 continue
-            for enabled, decide in ((self.groups_enabled, self.replan_now),
+            group_decision = (lambda: self._shift_decision(shifts)) if shifts else self.replan_now
+            for enabled, decide in ((self.groups_enabled, group_decision),
                                     (bool(self.runtimes.models), self.reallocate_runtimes)):
                 if not enabled:
                     continue
@@ -225,37 +229,44 @@ class PlacementController:
                 except Exception:  # noqa: BLE001 - one failed decision must not stop the controller
                     logger.exception("placement controller: decision failed")
 
-    async def _wait_for_period_or_shift(self) -> None:
-        """Sleep until the period ends; meanwhile, every SHIFT_POLL_S, a detected rate shift (outside the cool-down
-        after the last decision) triggers a group decision at once, logged with trigger 'shift'."""
+    async def _wait_for_period_or_shift(self) -> list[dict[str, Any]]:
+        """Sleep until the period ends; meanwhile, every SHIFT_POLL_S, a detected rate shift (once the cool-down
+        after the last decision has ended) or a look after a kept shift decision triggers a group decision at once.
+        Returns the shifts found or pending when the period ends (empty: none; the period decision is then a shift
+        decision)."""
         deadline = time.monotonic() + self.settings.period_s
-        while time.monotonic() < deadline:
+        while True:
             await asyncio.sleep(min(SHIFT_POLL_S, max(deadline - time.monotonic(), 0.0)))
+            period_due = time.monotonic() >= deadline
             if self.paused or not (self.groups_enabled and self.settings.shift_detection):
+                if period_due:
+                    return []
                 continue
-            window_s = self.shift_looks.take_due(time.monotonic())  # taken even if the look fails
-            if window_s is not None:
-                try:
-                    await self._logged("shift_recheck", lambda: self._decide_and_apply(fit_window_s=window_s,
+            found = detect_rate_shifts(self.window, time.time(), self.models, self._shift_window_s(),
+                                       self.settings.shift_z, self.settings.shift_min_ratio,
+                                       self.settings.shift_min_requests)  # within the cool-down too
+            look_window_s = self.shift_looks.take_due(time.monotonic())  # taken even if the look fails
+            shifts = self.shift_trigger.poll([s.to_json() for s in found], time.time(),
+                                             due=period_due or look_window_s is not None)
+            if period_due:
+                return shifts
+            try:
+                if shifts:
+                    await self._shift_decision(shifts)
+                elif look_window_s is not None:
+                    await self._logged("shift_recheck", lambda: self._decide_and_apply(fit_window_s=look_window_s,
                                                                                         look=True))
-                except Exception:  # noqa: BLE001 - one failed decision must not stop the controller
-                    logger.exception("placement controller: decision failed")
-                deadline = time.monotonic() + self.settings.period_s
-                continue
-            cooldown_s = self.settings.cooldown_s or self.settings.period_s / 2
-            if time.time() - self.last_group_decision_s < cooldown_s:
-                continue
-            shift_window_s = self._shift_window_s()
-            shifts = detect_rate_shifts(self.window, time.time(), self.models, shift_window_s, self.settings.shift_z,
-                                        self.settings.shift_min_ratio, self.settings.shift_min_requests)
-            if shifts:
-                logger.info("placement controller: rate shift %s: deciding now", [s.to_json() for s in shifts])
-                try:
-                    await self._logged("shift", lambda: self._decide_and_apply(
-                        shifts=[s.to_json() for s in shifts], fit_window_s=shift_window_s))
-                except Exception:  # noqa: BLE001 - one failed decision must not stop the controller
-                    logger.exception("placement controller: decision failed")
-                deadline = time.monotonic() + self.settings.period_s
+                else:
+                    continue
+            except Exception:  # noqa: BLE001 - one failed decision must not stop the controller
+                logger.exception("placement controller: decision failed")
+            deadline = time.monotonic() + self.settings.period_s
+
+    async def _shift_decision(self, shifts: list[dict[str, Any]]) -> dict[str, Any]:
+        """A group decision on the traffic since a detected rate shift; returns the logged decision."""
+        logger.info("placement controller: rate shift %s: deciding now", shifts)
+        return await self._logged("shift", lambda: self._decide_and_apply(shifts=shifts,
+                                                                          fit_window_s=self._shift_window_s()))
 
     async def replan_now(self) -> dict[str, Any]:
         """Decide (and apply) now instead of at the end of the period; returns the logged decision."""
@@ -317,7 +328,7 @@ class PlacementController:
         the traffic since the shift (`fit_window_s`: the shift test's window); a `look` after a kept shift decision
         on the last `fit_window_s` (`placement.alpaserve.shift_looks`)."""
         now = time.time()
-        self.last_group_decision_s = now
+        self.shift_trigger.decided(now)
         if shifts is None and not look:
             self.shift_looks.cancel()  # any other decision answers the pending looks
         traffic = self.window.observed(now, self.models, self.slo_s)
