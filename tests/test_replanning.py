@@ -6,11 +6,13 @@ import pytest
 from placement.alpaserve.paper_profiles import model_profile
 from placement.alpaserve.planner import PlannerConfig
 from placement.alpaserve.replanning import ObservedTraffic, ReplanPolicy
+from placement.alpaserve.shift_looks import ShiftLooks
+from placement.alpaserve.shift_trigger import ShiftTrigger
 from placement.alpaserve.transition import TransitionModel
 from placement.core.placement_plan import GroupPlacement, Placement
 from placement.core.profiles import ParallelConfig, ProfileSet
 from placement.core.traces import fit_arrivals
-from placement.core.traffic_window import RequestRecord, TrafficWindow
+from placement.core.traffic_window import RequestRecord, TrafficWindow, detect_rate_shifts
 
 GIB = 1024**3
 MODELS = ["a", "b", "c"]
@@ -243,8 +245,6 @@ def test_a_kept_shift_decision_gets_its_looks_a_shift_window_apart_until_one_mov
     """Issue 18 (react within one period): a shift test that fires just before the change leaves the first look's
     window half before it; the kept shift decision gets `looks` decisions a shift window apart (here 2), each on the
     last two shift windows, and a move, a period decision or the last look ends them."""
-    from placement.alpaserve.shift_looks import ShiftLooks
-
     replan = policy()
     keep = replan.decide(one_per_device(), traffic({"a": 2.0, "b": 2.0, "c": 2.0}), fit_window_s=5.0)
     move = replan.decide(one_per_device(), traffic({"a": 25.0}), fit_window_s=5.0)
@@ -277,9 +277,6 @@ def test_a_shift_found_within_the_cool_down_triggers_the_decision_when_the_cool_
     before it. By the end of its cool-down both of the two-window test's windows hold the new traffic and the test no
     longer fires; the shift it found within the cool-down triggers the decision then (until 2026-11-25 the move
     waited for the next period)."""
-    from placement.alpaserve.shift_trigger import ShiftTrigger
-    from placement.core.traffic_window import detect_rate_shifts
-
     arrivals_s = [k / 2 for k in range(90)] + [45.0 + k / 12 for k in range(15 * 12)]  # 2 requests/s, 12 from 45 s
 
     def found(now_s: float) -> list[dict]:

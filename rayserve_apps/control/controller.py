@@ -232,8 +232,8 @@ class PlacementController:
     async def _wait_for_period_or_shift(self) -> list[dict[str, Any]]:
         """Sleep until the period ends; meanwhile, every SHIFT_POLL_S, a detected rate shift (once the cool-down
         after the last decision has ended) or a look after a kept shift decision triggers a group decision at once.
-        Returns the shifts found or pending when the period ends (empty: none; the period decision is then a shift
-        decision)."""
+        Returns the shifts found or pending when the period ends: the period decision is then a shift decision (empty
+        list: a period decision)."""
         deadline = time.monotonic() + self.settings.period_s
         while True:
             await asyncio.sleep(min(SHIFT_POLL_S, max(deadline - time.monotonic(), 0.0)))
