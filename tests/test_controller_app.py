@@ -23,9 +23,12 @@ from ray import serve
 from models import load_vit
 from placement.alpaserve.paper_profiles import model_profile
 from placement.alpaserve.placement_rollout import SlotLayout
+from placement.alpaserve.shift_looks import ShiftLooks
+from placement.alpaserve.shift_trigger import ShiftTrigger
 from placement.core.deployment_spec import parse_spec
 from placement.core.profiles import ProfileSet
 from rayserve_apps.contracts import group_max_ongoing_requests
+from rayserve_apps.control.controller import PlacementController
 from rayserve_apps.control.live_update import application_config, apply_config
 
 pytestmark = pytest.mark.ray
@@ -185,6 +188,25 @@ def test_replacement_while_requests_flow_loses_none_and_restarts_only_changed_sl
         assert after[name]["pid"] == middle[name]["pid"]
     assert (sorted(sorted(g["models"]) for g in after.values())
             == [["vit-a"], ["vit-a", "vit-c"], ["vit-b"], ["vit-b", "vit-c"]])
+
+
+def test_pausing_or_resuming_forgets_the_shifts_found_and_the_looks_due():
+    """A shift found (or a look due) before an operator paused the controller triggers no decision when it resumes
+    (a fidelity run resumed after its static run with a shift decision at 0.1 s on a shift found before it). The
+    controller's own `pause`, on an instance holding only what it touches."""
+    controller = object.__new__(PlacementController.func_or_class)
+    controller.shift_trigger = ShiftTrigger(cooldown_s=5.0, last_decision_s=100.0)
+    controller.shift_looks = ShiftLooks(looks=2, due_s=104.0, window_s=10.0, left=1)
+    shift = {"model": "vit-c", "before_per_s": 2.0, "after_per_s": 12.0}
+    assert controller.shift_trigger.poll([shift], 102.0) == []  # within the cool-down: pending
+    assert controller.pause(True) is True
+    assert controller.shift_trigger.poll([], 200.0, due=True) == [] and controller.shift_looks.take_due(200.0) is None
+    controller.shift_trigger.poll([shift], 201.0)  # found while a decision was still running at the pause
+    controller.shift_looks.due_s, controller.shift_looks.window_s = 203.0, 10.0
+    assert controller.pause(False) is False
+    assert controller.shift_trigger.poll([], 300.0) == [] and controller.shift_looks.take_due(300.0) is None
+    # Unpaused, a shift found after the cool-down triggers a decision as before.
+    assert controller.shift_trigger.poll([shift], 301.0) == [shift]
 
 
 def test_history_lists_decisions_newest_last(app):

@@ -11,7 +11,12 @@ second half scored 0.046 below keeping the first placement).
 A decision that falls due anyway (the period, a look after a kept shift decision) while a shift is found or pending
 is taken as a shift decision: judged on the traffic since the shift, not on a window that straddles it.
 
-Plain data, no clock of its own: the controller passes the times (`time.time()` seconds).
+Pausing or resuming the controller forgets the pending shifts (`forget`): a shift found before an operator froze the
+placement is no reason for a decision when it resumes (in a fidelity run of 2026-11-25 12:03 the controller resumed
+after a static run and a warm-up with a shift decision at 0.1 s on a shift found before them).
+
+Plain data, no clock of its own: the controller passes the times (`time.monotonic()` seconds, as to
+`shift_looks.ShiftLooks`).
 """
 
 from __future__ import annotations
@@ -41,6 +46,10 @@ class ShiftTrigger:
         if self.pending and (due or now_s - self.last_decision_s >= self.cooldown_s):
             return self.pending
         return []
+
+    def forget(self) -> None:
+        """The controller was paused or resumed: the shifts found before trigger nothing."""
+        self.pending = []
 
     def decided(self, now_s: float) -> None:
         """A group decision (of any trigger) was taken at `now_s`: it answers the pending shifts and starts the

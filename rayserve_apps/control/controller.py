@@ -135,8 +135,8 @@ class PlacementController:
         self.version = 0
         self.routes = self.layout.routes()
         self.recovered = self._read_state()
-        #: The shifts found since the last group decision (wall-clock seconds; the cool-down counts from it).
-        self.shift_trigger = ShiftTrigger(self.settings.cooldown_s or self.settings.period_s / 2, started)
+        #: The shifts found since the last group decision (time.monotonic() seconds; the cool-down counts from it).
+        self.shift_trigger = ShiftTrigger(self.settings.cooldown_s or self.settings.period_s / 2, time.monotonic())
         #: Wall-clock time the last rollout ended (its window does not calibrate the service times).
         self.layout_changed_s = 0.0
         #: Wall-clock time of the last calibration restart (`apply_placement(..., restart_calibration=True)`): the
@@ -186,8 +186,12 @@ class PlacementController:
                 "calibration_since_s": self._calibration_since_s()}
 
     def pause(self, paused: bool = True) -> bool:
-        """Stop (or resume) the periodic decisions; returns the new setting."""
+        """Stop (or resume) the periodic decisions; returns the new setting. Either way the shifts found and the
+        looks due are forgotten (the test does not run while paused): resumed decisions start from the traffic then,
+        not from before the pause, nor from a decision that was still running when it began."""
         self.paused = bool(paused)
+        self.shift_trigger.forget()
+        self.shift_looks.cancel()
         logger.info("placement controller: periodic decisions %s", "paused" if self.paused else "resumed")
         return self.paused
 
@@ -246,7 +250,7 @@ class PlacementController:
                                        self.settings.shift_z, self.settings.shift_min_ratio,
                                        self.settings.shift_min_requests)  # within the cool-down too
             look_window_s = self.shift_looks.take_due(time.monotonic())  # taken even if the look fails
-            shifts = self.shift_trigger.poll([s.to_json() for s in found], time.time(),
+            shifts = self.shift_trigger.poll([s.to_json() for s in found], time.monotonic(),
                                              due=period_due or look_window_s is not None)
             if period_due:
                 return shifts
@@ -328,7 +332,7 @@ class PlacementController:
         the traffic since the shift (`fit_window_s`: the shift test's window); a `look` after a kept shift decision
         on the last `fit_window_s` (`placement.alpaserve.shift_looks`)."""
         now = time.time()
-        self.shift_trigger.decided(now)
+        self.shift_trigger.decided(time.monotonic())
         if shifts is None and not look:
             self.shift_looks.cancel()  # any other decision answers the pending looks
         traffic = self.window.observed(now, self.models, self.slo_s)
