@@ -42,7 +42,8 @@ deployed), reaction_s (the shift at half time to the first re-placement applied 
 (the live system's own repeatability: controller run minus static run, real, on the requests before the first
 re-placement began, where trace and placement are the same), failed_accepted, unchanged_p99_ratio (step 6),
 host_contention_probe (step 1's throughputs and the host's busy CPU share with one and with both devices at full
-load), and per trace its figures (among them host_cpu_busy_share: the host's busy CPU share in each half of the
+load), send_lag_p99_ms_max (how late this driver sent requests against the trace's times, worst p99 of the replays),
+and per trace its figures (among them host_cpu_busy_share: the host's busy CPU share in each half of the
 static run, and in the controller run before the shift and after its move), decisions and re-placements. A PNG
 timeline (rate per model, attainment per window, real and simulated through the rollouts, re-placements) goes to
 benchmarks/out/fidelity.png, every replayed request with the placements and factors in force to
@@ -120,6 +121,8 @@ LOADED_SWAPS = 3
 CONTENTION_PHASE_S = 2.5
 CONTENTION_ROUNDS = 2
 CONTENTION_LOAD = 2
+#: Decisions the controller's log keeps (`controller.history_size`): a full run's controller run takes about 50.
+HISTORY_SIZE = 1000
 #: Repeated traces (different seeds) in one run.
 NUM_TRACES = 3
 #: Seconds and concurrent clients of the closed-loop throughput probe.
@@ -270,7 +273,8 @@ def spec_dict(placement: dict | None, profiles_path: str | None, slo_ms: float, 
                                            "request_overhead_ms": 1e3 * simulated.request_overhead_s,
                                            "host_contention_per_busy_device":
                                                simulated.host_contention_per_busy_device}}
-        spec["controller"] = {"period_s": period_s, "fit_window_s": period_s, "min_gain": 0.02}
+        spec["controller"] = {"period_s": period_s, "fit_window_s": period_s, "min_gain": 0.02,
+                              "history_size": HISTORY_SIZE}
         if transition is not None:
             spec["controller"]["transition"] = transition.model_dump()
     return spec
@@ -440,16 +444,20 @@ def make_trace(total_rate: float, duration_s: float, slo_s: float, seed: int):
 
 
 async def replay(handle, workload, slo_s: float) -> dict[str, np.ndarray]:
-    """Send every request at its arrival time; per request: latency (s, NaN if not answered) and outcome."""
+    """Send every request at its arrival time; per request: latency (s, from its send, NaN if not answered),
+    outcome, and its send lag (s: how late this driver sent it against the trace's arrival time; the simulator
+    replays the trace's times, so a lagging driver would smooth the bursts the live system sees)."""
     from ray.serve.exceptions import BackPressureError
 
     n = len(workload)
     latency = np.full(n, np.nan)
+    send_lag = np.full(n, np.nan)
     outcome = np.zeros(n, dtype=np.int8)  # 0 ok, 1 rejected (503 / back pressure), 2 failed
     start = time.perf_counter()
 
     async def one(i: int) -> None:
         sent = time.perf_counter()
+        send_lag[i] = sent - start - workload.arrival_s[i]
         try:
             await handle.embed.remote(workload.model_names[workload.model[i]], TEXTS)
             latency[i] = time.perf_counter() - sent
@@ -475,8 +483,14 @@ async def replay(handle, workload, slo_s: float) -> dict[str, np.ndarray]:
     await asyncio.gather(*tasks)
     cpu_readings.append((time.perf_counter() - start, host_cpu_times()))
     met = (outcome == 0) & (latency <= slo_s)
-    return {"latency": latency, "outcome": outcome, "met": met, "cpu_readings": cpu_readings,
+    return {"latency": latency, "outcome": outcome, "met": met, "cpu_readings": cpu_readings, "send_lag": send_lag,
             "start_wall": time.time() - (time.perf_counter() - start)}
+
+
+def send_lag_ms(run: dict) -> dict[str, float]:
+    """Median, p99 and largest send lag of a replay, milliseconds."""
+    lag = 1e3 * run["send_lag"]
+    return {"p50": float(np.median(lag)), "p99": float(np.quantile(lag, 0.99)), "max": float(lag.max())}
 
 
 def host_cpu_share_between(run: dict, start_s: float, end_s: float) -> float | None:
@@ -586,7 +600,7 @@ def write_records(path: Path, traces: list[dict], lone_s: dict[str, float], batc
 
     def run_records(run: dict) -> dict:
         return {"latency_s": [None if np.isnan(x) else float(x) for x in run["latency"]],
-                "outcome": run["outcome"].tolist()}
+                "outcome": run["outcome"].tolist(), "send_lag_s": run["send_lag"].tolist()}
 
     def requests(workload) -> dict:
         return {"model_names": list(workload.model_names), "arrival_s": workload.arrival_s.tolist(),
@@ -761,14 +775,16 @@ async def controller_trace(handle, controller, profile_sets: dict, transition, s
     warmup_trace = make_trace(total_rate, 2 * WARMUP_S, slo_s, seed=seed + WARMUP_SEED_OFFSET).window(0.0, WARMUP_S)
     warmup = await replay(handle, warmup_trace, slo_s)
     log.info("controller run, seed %d", seed)
-    first_id = len(await controller.history.remote())
     # The controller's service-time factor when the run starts (refitted every period while paused too, on the
     # warm-up), on its base profiles.
     scale_before = (await controller.state.remote())["service_scale"]
+    resumed_s = time.time()
     await controller.pause.remote(False)
     dynamic = await replay(handle, trace, slo_s)
     await controller.pause.remote(True)
-    decisions = (await controller.history.remote())[first_id:]
+    # By time, not by position: the log keeps its last `history_size` entries (until 2026-11-25 14:10 this took
+    # the entries past the log's length before the run, and the full run's third trace, past 100, lost its first).
+    decisions = [d for d in await controller.history.remote() if d["time_s"] >= resumed_s]
     applied = [d for d in decisions if d.get("outcome") == "applied"]
     timeline: list[tuple] = [(-np.inf, initial, 1.0)]
     changes, rollouts = [], []
@@ -835,6 +851,8 @@ async def controller_trace(handle, controller, profile_sets: dict, transition, s
         "static_abs_gap": abs(float(static["met"].mean()) - float(static_sim.mean())),
         "second_half_attainment_real": float(dynamic["met"][second].mean()),
         "static_second_half_attainment_real": float(static["met"][second].mean()),
+        # Whether this driver sent the requests when the trace says (the simulator replays the trace's times).
+        "send_lag_ms": {"static": send_lag_ms(static), "controller": send_lag_ms(dynamic)},
         # Whether the host's two cores ran out: its busy CPU share in the static run's halves, and in the controller
         # run before the shift and after its first re-placement after it (both devices at full load).
         "host_cpu_busy_share": {
@@ -959,6 +977,8 @@ async def run(args) -> dict:
         "transition_cost_real": (float(np.mean(present("transition_cost_real"))) if present("transition_cost_real")
                                  else None),
         "reaction_s": float(np.mean(present("reaction_s"))) if present("reaction_s") else None,
+        "send_lag_p99_ms_max": max(max(t["send_lag_ms"]["static"]["p99"], t["send_lag_ms"]["controller"]["p99"])
+                                   for t in traces),
         "attainment_real": float(np.mean([t["attainment_real"] for t in traces])),
         "attainment_sim": float(np.mean([t["attainment_sim"] for t in traces])),
         "traces": per_trace,
