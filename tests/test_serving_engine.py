@@ -1,11 +1,12 @@
-"""The serving engine's shutdown: a drained engine answers what it holds, a stopped one fails what it runs."""
+"""The serving engine's shutdown (a drained engine answers what it holds, a stopped one fails what it runs) and the
+device slots a group's engines share (its models take the devices in turn)."""
 
 import asyncio
 import time
 
 import pytest
 
-from rayserve_apps.engine import ImageBatchFormer, ServingEngine
+from rayserve_apps.engine import DeviceSlots, ImageBatchFormer, ServingEngine
 
 BATCH_S = 0.05
 
@@ -49,3 +50,89 @@ def test_stop_fails_the_batch_in_flight_instead_of_leaving_it_unanswered():
     for future in futures:
         with pytest.raises(RuntimeError, match="stopped; retry"):
             future.result()
+
+
+class SharedDevice:
+    """A backend per engine over one shared device: records every batch's payloads in the order the batches start
+    and the most batches that ever ran at once."""
+
+    def __init__(self):
+        self.running = 0
+        self.most_at_once = 0
+        self.started: list[list] = []
+
+    def backend(self):
+        device = self
+
+        class Backend:
+            async def execute(self, batch):
+                device.running += 1
+                device.most_at_once = max(device.most_at_once, device.running)
+                device.started.append([item.payload for item in batch.items])
+                try:
+                    await asyncio.sleep(BATCH_S)
+                finally:
+                    device.running -= 1
+                return [item.payload * 2 for item in batch.items]
+
+        return Backend()
+
+
+def grouped_engines(device: SharedDevice, slots: DeviceSlots, count: int, max_batch: int = 2) -> list[ServingEngine]:
+    return [ServingEngine(f"model-{k}", ImageBatchFormer(max_batch, 0.0), device.backend(),
+                          max_batches_in_flight=slots.num_stages, device_slots=slots) for k in range(count)]
+
+
+def test_a_groups_models_take_its_device_in_turn_oldest_request_first():
+    async def scenario():
+        device = SharedDevice()
+        first, second = grouped_engines(device, DeviceSlots(1), 2, max_batch=4)
+        deadline = time.monotonic() + 10.0
+        futures = first.submit([1], deadline)
+        await asyncio.sleep(BATCH_S / 5)  # model 0's batch runs
+        futures += second.submit([10], deadline)  # waits for the device, not beside model 0's batch
+        await asyncio.sleep(BATCH_S / 5)
+        futures += first.submit([2, 3], deadline)  # model 1 has waited longer: it goes next
+        futures += second.submit([20], deadline)  # formed with model 1's waiting request when the device frees
+        answers = await asyncio.gather(*futures)
+        return answers, device
+
+    answers, device = asyncio.run(scenario())
+    assert answers == [2, 20, 4, 6, 40]
+    assert device.most_at_once == 1
+    assert device.started == [[1], [10, 20], [2, 3]]
+
+
+def test_a_pipelined_group_runs_one_batch_per_stage_over_all_its_models():
+    async def scenario():
+        device = SharedDevice()
+        engines = grouped_engines(device, DeviceSlots(2), 3)
+        deadline = time.monotonic() + 10.0
+        futures = [f for k, served in enumerate(engines) for f in served.submit([k, k, k, k], deadline)]
+        answers = await asyncio.gather(*futures)
+        return answers, device
+
+    answers, device = asyncio.run(scenario())
+    assert answers == [2 * k for k in range(3) for _ in range(4)]
+    assert device.most_at_once == 2  # three models, each with work for two stages: two batches at a time
+    assert len(device.started) == 6
+
+
+def test_a_stopped_models_batch_gives_its_device_slot_back():
+    async def scenario():
+        device = SharedDevice()
+        slots = DeviceSlots(1)
+        leaving, staying = grouped_engines(device, slots, 2)
+        deadline = time.monotonic() + 10.0
+        leaving.submit([1, 2], deadline)
+        await asyncio.sleep(BATCH_S / 5)
+        waiting = staying.submit([3], deadline)
+        leaving.stop()  # its batch in flight fails; the slot goes to the model still served
+        return await asyncio.wait_for(asyncio.gather(*waiting), timeout=1.0)
+
+    assert asyncio.run(scenario()) == [6]
+
+
+def test_device_slots_need_a_stage():
+    with pytest.raises(ValueError, match="num_stages must be >= 1"):
+        DeviceSlots(0)

@@ -74,6 +74,24 @@ class BatchBackend(Protocol):
     async def execute(self, batch: FormedBatch) -> list[Any]: ...
 
 
+class DeviceSlots(asyncio.Semaphore):
+    """The batches a device group runs at once, over all its models: one per pipeline stage.
+
+    AlpaServe §4.3: a group serves the requests of all the models it hosts from one queue, first come first served,
+    each batch through its pipeline; its simulator (`placement/alpaserve/simulator.py`) runs them so. Without these
+    slots every hosted model's engine would run its own batches beside the others', each model's stage actors
+    contending for the same devices (on CPUs, for the same cores: every batch slower, none first). The engines of
+    one group share one `DeviceSlots`; an engine takes a slot before it forms a batch and gives it back when the
+    batch is answered, and waiting engines get slots in the order they began to wait (the oldest waiting request
+    first, across models)."""
+
+    def __init__(self, num_stages: int):
+        if num_stages < 1:
+            raise ValueError(f"num_stages must be >= 1, got {num_stages}")
+        super().__init__(num_stages)
+        self.num_stages = num_stages
+
+
 @dataclass
 class EngineTotals:
     """What an engine has done since it started (for `info()`, tests and people)."""
@@ -93,12 +111,15 @@ class ServingEngine:
 
     max_batches_in_flight: batches executing at once (1 for a single process; the number of pipeline stages for
     a device group, so that every stage has work).
+    device_slots: shared by the engines of one device group's models (`DeviceSlots`): a batch forms only when a
+    slot is free, so the models take the group's devices in turn, as AlpaServe's groups and its simulator do.
     on_batch: called with each executed batch and its duration in seconds (metrics).
     """
 
     def __init__(self, name: str, former: BatchFormer, backend: BatchBackend, max_batches_in_flight: int = 1,
                  clock: Callable[[], float] = time.monotonic,
-                 on_batch: Callable[[FormedBatch, float], None] | None = None):
+                 on_batch: Callable[[FormedBatch, float], None] | None = None,
+                 device_slots: DeviceSlots | None = None):
         if max_batches_in_flight < 1:
             raise ValueError(f"max_batches_in_flight must be >= 1, got {max_batches_in_flight}")
         self.name = name
@@ -107,6 +128,7 @@ class ServingEngine:
         self.max_batches_in_flight = max_batches_in_flight
         self.clock = clock
         self.on_batch = on_batch
+        self.device_slots = device_slots
         self.totals = EngineTotals()
         self._in_flight = 0
         self._wake: asyncio.Event | None = None
@@ -185,9 +207,15 @@ class ServingEngine:
             if ready > now:
                 await self._wait(ready - now)
                 continue
+            if self.device_slots is not None:
+                # The batch forms when the devices take it, from everything that queued while they were busy.
+                await self.device_slots.acquire()
+                now = self.clock()
             batch = self.former.form(now)
             self._refuse(batch.refused)
             if not batch.items:
+                if self.device_slots is not None:
+                    self.device_slots.release()
                 if self.former.queued():
                     await self._wait(IDLE_RECHECK_S)
                 continue
@@ -195,6 +223,9 @@ class ServingEngine:
             task = asyncio.get_running_loop().create_task(self._execute(batch))
             self._batch_tasks.add(task)
             task.add_done_callback(self._batch_tasks.discard)
+            if self.device_slots is not None:
+                # A callback, not a `finally` in `_execute`: a task cancelled before it starts runs no finally.
+                task.add_done_callback(lambda _: self.device_slots.release())
 
     def _refuse(self, refused: list[tuple[WorkItem, Exception]]) -> None:
         self.totals.refused += len(refused)

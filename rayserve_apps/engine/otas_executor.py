@@ -27,7 +27,7 @@ from placement.otas.profile import OtasProfile
 from placement.otas.replica_scheduler import Dispatch, OtasScheduler
 from placement.otas.token_allocation import OtasTokenAllocator, TokenAllocationParams
 from rayserve_apps.contracts import TOKEN_ADAPTATION_ROLE
-from rayserve_apps.engine.engine import BatchBackend, ServingEngine
+from rayserve_apps.engine.engine import BatchBackend, DeviceSlots, ServingEngine
 from rayserve_apps.engine.vision_batches import TASK_ATTR, UTILITY_ATTR, InProcessOtasBackend, OtasBatchFormer
 
 OTAS_POLICY_NAME = "otas"
@@ -118,7 +118,8 @@ class OtasExecutor:
 
     def __init__(self, registry: TaskRegistry, profile: OtasProfile, params: OtasDeploymentParams,
                  default_slo_ms: float, metrics: OtasMetrics | None = None, clock: Callable[[], float] = time.monotonic,
-                 backend: BatchBackend | None = None, max_batches_in_flight: int = 1, name: str = "otas"):
+                 backend: BatchBackend | None = None, max_batches_in_flight: int = 1, name: str = "otas",
+                 device_slots: DeviceSlots | None = None):
         registry.task(params.default_task)
         self.registry = registry
         self.profile = profile
@@ -131,7 +132,8 @@ class OtasExecutor:
         self._reported: dict[str, float] = {}
         former = OtasBatchFormer(self.scheduler, profile, on_completed=self._record)
         self.engine = ServingEngine(name, former, backend or InProcessOtasBackend(registry),
-                                    max_batches_in_flight=max_batches_in_flight, clock=clock)
+                                    max_batches_in_flight=max_batches_in_flight, clock=clock,
+                                    device_slots=device_slots)
 
     async def classify(self, images: torch.Tensor, task_id: str | None = None, slo_ms: float | None = None,
                        utility: float | None = None) -> list[dict]:

@@ -59,6 +59,7 @@ from placement.core.profiles import ParallelConfig
 from rayserve_apps import metrics
 from rayserve_apps.contracts import STATS_MODELS, STATS_QUEUE_LENGTH
 from rayserve_apps.engine import (
+    DeviceSlots,
     ImageBatchFormer,
     ServingEngine,
     StagedOtasBackend,
@@ -131,6 +132,8 @@ class GroupReplica:
         self.placement_group = get_current_placement_group()
         #: The parallel configuration every hosted model runs with; None while the slot is empty.
         self.config: ParallelConfig | None = None
+        #: The batches the group runs at once over all its models, one per stage (new with each config).
+        self.device_slots = DeviceSlots(1)
         self.models: dict[str, HostedModel] = {}
         self.placement_version = -1
         #: Model -> stored plan (ParallelPlan JSON) for the current config, from `user_config["plans"]`.
@@ -219,6 +222,8 @@ class GroupReplica:
         plans = user_config.get("plans", {})
         restart_all = config != self.config
         self.config = config
+        if restart_all:  # every model restarts, so every engine is new and takes the new slots
+            self.device_slots = DeviceSlots(config.pipeline_stages if config else 1)
         changed_plans = {name for name in set(plans) | set(self.stored_plans)
                          if plans.get(name) != self.stored_plans.get(name)}
         self.stored_plans = plans
@@ -298,7 +303,8 @@ class GroupReplica:
             self._draining.add(task)
             task.add_done_callback(self._draining.discard)
         hosted.engine = ServingEngine(f"{self.group_name}/{spec.name}", former, backend,
-                                      max_batches_in_flight=self.config.pipeline_stages if self.config else 1)
+                                      max_batches_in_flight=self.config.pipeline_stages if self.config else 1,
+                                      device_slots=self.device_slots)
 
     def _attach_vision_engine(self, hosted: HostedModel, otas_parts: tuple | None) -> None:
         """The vision model's serving engine, with the stage actors as backend and as many batches in flight as the
@@ -311,12 +317,13 @@ class GroupReplica:
             otas, registry, profile = otas_parts
             hosted.otas = OtasExecutor(registry, profile, otas, spec.slo_ms, OtasMetrics(spec.name),
                                        backend=StagedOtasBackend(hosted.runtime, registry),
-                                       max_batches_in_flight=in_flight, name=name)
+                                       max_batches_in_flight=in_flight, name=name,
+                                       device_slots=self.device_slots)
             hosted.engine = hosted.otas.engine
             return
         former = ImageBatchFormer(spec.max_batch_size, spec.batch_wait_timeout_ms / 1000.0)
         hosted.engine = ServingEngine(name, former, StagedVisionBackend(hosted.runtime),
-                                      max_batches_in_flight=in_flight,
+                                      max_batches_in_flight=in_flight, device_slots=self.device_slots,
                                       on_batch=lambda batch, _: metrics.batch_size().observe(
                                           len(batch.items), tags={"model": spec.name}))
 
