@@ -54,12 +54,13 @@ def test_stop_fails_the_batch_in_flight_instead_of_leaving_it_unanswered():
 
 class SharedDevice:
     """A backend per engine over one shared device: records every batch's payloads in the order the batches start
-    and the most batches that ever ran at once."""
+    and the most batches that ever ran at once. Batches run (BATCH_S each) once `go` is set."""
 
     def __init__(self):
         self.running = 0
         self.most_at_once = 0
         self.started: list[list] = []
+        self.go = asyncio.Event()
 
     def backend(self):
         device = self
@@ -70,6 +71,7 @@ class SharedDevice:
                 device.most_at_once = max(device.most_at_once, device.running)
                 device.started.append([item.payload for item in batch.items])
                 try:
+                    await device.go.wait()
                     await asyncio.sleep(BATCH_S)
                 finally:
                     device.running -= 1
@@ -83,17 +85,19 @@ def grouped_engines(device: SharedDevice, slots: DeviceSlots, count: int, max_ba
                           max_batches_in_flight=slots.num_stages, device_slots=slots) for k in range(count)]
 
 
-def test_a_groups_models_take_its_device_in_turn_oldest_request_first():
+def test_a_groups_models_take_its_device_in_turn():
     async def scenario():
         device = SharedDevice()
         first, second = grouped_engines(device, DeviceSlots(1), 2, max_batch=4)
         deadline = time.monotonic() + 10.0
         futures = first.submit([1], deadline)
-        await asyncio.sleep(BATCH_S / 5)  # model 0's batch runs
+        await asyncio.sleep(BATCH_S / 5)  # model 0's batch holds the device
         futures += second.submit([10], deadline)  # waits for the device, not beside model 0's batch
         await asyncio.sleep(BATCH_S / 5)
         futures += first.submit([2, 3], deadline)  # model 1 has waited longer: it goes next
         futures += second.submit([20], deadline)  # formed with model 1's waiting request when the device frees
+        await asyncio.sleep(BATCH_S / 5)
+        device.go.set()
         answers = await asyncio.gather(*futures)
         return answers, device
 
@@ -109,6 +113,7 @@ def test_a_pipelined_group_runs_one_batch_per_stage_over_all_its_models():
         engines = grouped_engines(device, DeviceSlots(2), 3)
         deadline = time.monotonic() + 10.0
         futures = [f for k, served in enumerate(engines) for f in served.submit([k, k, k, k], deadline)]
+        device.go.set()
         answers = await asyncio.gather(*futures)
         return answers, device
 
@@ -125,9 +130,11 @@ def test_a_stopped_models_batch_gives_its_device_slot_back():
         leaving, staying = grouped_engines(device, slots, 2)
         deadline = time.monotonic() + 10.0
         leaving.submit([1, 2], deadline)
-        await asyncio.sleep(BATCH_S / 5)
+        await asyncio.sleep(BATCH_S / 5)  # its batch holds the device
         waiting = staying.submit([3], deadline)
+        await asyncio.sleep(BATCH_S / 5)
         leaving.stop()  # its batch in flight fails; the slot goes to the model still served
+        device.go.set()
         return await asyncio.wait_for(asyncio.gather(*waiting), timeout=1.0)
 
     assert asyncio.run(scenario()) == [6]

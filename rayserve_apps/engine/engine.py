@@ -82,8 +82,11 @@ class DeviceSlots(asyncio.Semaphore):
     slots every hosted model's engine would run its own batches beside the others', each model's stage actors
     contending for the same devices (on CPUs, for the same cores: every batch slower, none first). The engines of
     one group share one `DeviceSlots`; an engine takes a slot before it forms a batch and gives it back when the
-    batch is answered, and waiting engines get slots in the order they began to wait (the oldest waiting request
-    first, across models)."""
+    batch is answered. Waiting engines get slots in the order they began to wait, and an engine starts waiting when
+    it has a batch to run and its own batches in flight are fewer than its limit: an engine whose batch just ended
+    waits behind those already waiting, so the models with queued requests take turns (the simulator's group takes
+    the model of its oldest queued request instead; the two orders differ when one model's requests queue while
+    its own batch runs)."""
 
     def __init__(self, num_stages: int):
         if num_stages < 1:
