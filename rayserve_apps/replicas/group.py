@@ -303,7 +303,7 @@ class GroupReplica:
             self._draining.add(task)
             task.add_done_callback(self._draining.discard)
         hosted.engine = ServingEngine(f"{self.group_name}/{spec.name}", former, backend,
-                                      max_batches_in_flight=self.config.pipeline_stages if self.config else 1,
+                                      max_batches_in_flight=self.device_slots.num_stages,
                                       device_slots=self.device_slots)
 
     def _attach_vision_engine(self, hosted: HostedModel, otas_parts: tuple | None) -> None:
@@ -312,7 +312,7 @@ class GroupReplica:
         FIFO batches of up to `max_batch_size` images otherwise."""
         spec = hosted.spec
         name = f"{self.group_name}/{spec.name}"
-        in_flight = self.config.pipeline_stages if self.config else 1
+        in_flight = self.device_slots.num_stages
         if otas_parts is not None:
             otas, registry, profile = otas_parts
             hosted.otas = OtasExecutor(registry, profile, otas, spec.slo_ms, OtasMetrics(spec.name),
