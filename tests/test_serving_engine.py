@@ -143,3 +143,47 @@ def test_a_stopped_models_batch_gives_its_device_slot_back():
 def test_device_slots_need_a_stage():
     with pytest.raises(ValueError, match="num_stages must be >= 1"):
         DeviceSlots(0)
+
+
+def test_batch_cost_estimate_fits_fixed_and_per_token_seconds_past_a_stall():
+    from rayserve_apps.engine.batch_cost import MIN_BATCHES, BatchCostEstimate
+
+    estimate = BatchCostEstimate()
+    sizes = [100, 200, 400, 300, 100, 200]
+    for tokens in sizes[:MIN_BATCHES - 1]:
+        estimate.add(tokens, 0.01 + 0.001 * tokens)
+    assert not estimate.ready
+    for tokens in sizes[MIN_BATCHES - 1:]:
+        estimate.add(tokens, 0.01 + 0.001 * tokens)
+    estimate.add(200, 5.0)  # one batch stalled behind a loading neighbour
+    assert estimate.ready
+    assert estimate.seconds(1000) == pytest.approx(1.01, rel=0.02)
+    assert estimate.fixed_s == pytest.approx(0.01, abs=0.005)
+
+
+def test_text_former_refuses_a_request_its_batch_cannot_answer_in_time():
+    from placement.tcb.batch_scheduler import make_batch_scheduler
+    from rayserve_apps.engine import TextBatchFormer, WorkItem
+    from rayserve_apps.engine.batch_cost import MIN_BATCHES
+    from rayserve_apps.requests import RequestError
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        former = TextBatchFormer("m", make_batch_scheduler("das", {"row_length_tokens": 64}), 0.0, 500.0)
+        for k in range(MIN_BATCHES):  # batches of 20 tokens took 0.2 s: 0.01 s per token
+            former.add([WorkItem([1] * 10, float(k), float(k) + 1.0, loop.create_future()) for _ in range(2)])
+            batch = former.form(float(k))
+            assert len(batch.items) == 2 and not batch.refused
+            batch.started_s = float(k)
+            former.completed(batch, float(k) + 0.2)
+        assert former.cost.seconds(20) == pytest.approx(0.2)
+        doomed = [WorkItem([1] * 10, 0.0, 0.15, loop.create_future()) for _ in range(2)]  # needs 0.2 s, has 0.15
+        fine = [WorkItem([1] * 10, 0.01, 1.0, loop.create_future()) for _ in range(2)]
+        former.add(doomed + fine)
+        batch = former.form(0.0)
+        assert batch.items == fine
+        assert [item for item, _ in batch.refused] == doomed
+        assert all(isinstance(error, RequestError) and error.status_code == 503 for _, error in batch.refused)
+        assert former.queued() == 0
+
+    asyncio.run(scenario())

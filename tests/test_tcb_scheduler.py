@@ -189,3 +189,54 @@ def test_paper_slotted_das_keeps_the_unrounded_slot_size_and_leaves_slot_room_em
     rounded = make_batch_scheduler("slotted_das", BatchingParams(row_length_tokens=32, num_rows=2,
                                                                  slot_granularity_tokens=8)).form_batch(0.0, queue)
     assert rounded.slot_size_tokens == 8
+
+
+# ---- a formed batch cut to its deadlines (placement/tcb/deadline_fit.py, AlpaServe §6.5) ----
+
+def _call(arrival_s: float, deadlines_s: list[float], texts: int = 2, tokens: int = 10) -> list[TextRequest]:
+    """One call from the ingress: `texts` texts per client request, one request per deadline."""
+    return [TextRequest(f"{arrival_s}/{d}/{k}", tokens, arrival_s=arrival_s, deadline_s=d)
+            for d in deadlines_s for k in range(texts)]
+
+
+def _per_token(seconds: float):
+    return lambda tokens: seconds * tokens
+
+
+def test_deadline_fit_keeps_the_calls_whose_batch_ends_in_time_and_queues_the_rest():
+    from placement.tcb.deadline_fit import fit_to_deadlines
+
+    early, later = _call(0.0, [1.0]), _call(0.1, [1.1])  # 20 tokens each, 0.02 s per token: 0.4 s per call
+    queue = early + later
+    decision = make_batch_scheduler("das", {"row_length_tokens": 100}).form_batch(0.5, queue)
+    assert len(decision.requests) == 4  # the scheduler takes both calls: together they would end at 1.3 s
+    cut = fit_to_deadlines(decision, queue, 0.5, _per_token(0.02))
+    assert [r.request_id for r in cut.requests] == [r.request_id for r in early]
+    assert cut.dropped == []
+    assert cut.remaining(queue) == later  # still waiting for the next batch, not dropped
+    assert len(fit_to_deadlines(decision, queue, 0.5, _per_token(0.01)).requests) == 4  # both end at 0.9 s
+
+
+def test_deadline_fit_drops_a_request_that_cannot_finish_even_alone_with_its_queued_texts():
+    from placement.tcb.deadline_fit import fit_to_deadlines
+
+    call = _call(0.0, [0.6, 2.0], texts=3)  # two client requests of 3 texts in one call
+    queue = call + _call(0.2, [2.2])
+    decision = make_batch_scheduler("fcfs", {"row_length_tokens": 50, "num_rows": 1}).form_batch(0.5, queue)
+    assert len(decision.requests) == 5  # the row holds five of the call's six texts
+    cut = fit_to_deadlines(decision, queue, 0.5, _per_token(0.02))
+    assert {r.deadline_s for r in cut.dropped} == {0.6} and len(cut.dropped) == 3  # the unscheduled text too
+    assert {r.deadline_s for r in cut.requests} == {2.0}
+    assert all(r.deadline_s != 0.6 for r in cut.remaining(queue))
+
+
+def test_deadline_fit_never_splits_a_call():
+    from placement.tcb.deadline_fit import fit_to_deadlines
+
+    call = _call(0.0, [1.0, 1.5, 3.0])  # 60 tokens: 0.6 s at 0.01 s per token
+    decision = make_batch_scheduler("das", {"row_length_tokens": 100}).form_batch(0.2, call)
+    cut = fit_to_deadlines(decision, call, 0.2, _per_token(0.01))
+    assert len(cut.requests) == 6 and cut.dropped == []  # ends at 0.8 s: every deadline met
+    cut = fit_to_deadlines(decision, call, 0.5, _per_token(0.01))  # would end at 1.1 s: the first request is late
+    assert {r.deadline_s for r in cut.dropped} == {1.0}
+    assert {r.deadline_s for r in cut.requests} == {1.5, 3.0}  # the rest of the call runs together

@@ -50,6 +50,8 @@ class FormedBatch:
     #: Former-specific execution plan (TCB: the `BatchDecision`; OTAS: the gamma `Dispatch`).
     plan: Any = None
     refused: list[tuple[WorkItem, Exception]] = field(default_factory=list)
+    #: When the engine started executing it (its clock); set by the engine, for the former's `completed`.
+    started_s: float | None = None
 
 
 class BatchFormer(Protocol):
@@ -237,7 +239,7 @@ class ServingEngine:
                 item.future.set_exception(error)
 
     async def _execute(self, batch: FormedBatch) -> None:
-        started = self.clock()
+        started = batch.started_s = self.clock()
         try:
             results = await self.backend.execute(batch)
             if len(results) != len(batch.items):

@@ -3,7 +3,10 @@
 `TextBatchFormer` keeps a model's waiting texts as `placement.tcb.batch_scheduler.TextRequest`s (length, arrival, the
 model's SLO as deadline) and asks the configured scheduler (DAS by default, TCB Alg. 1; Slotted DAS, Alg. 2;
 FCFS, SJF, EDF) for the next batch of B rows x L tokens once the rows are full or the oldest text has waited
-`batch_wait_s`. Texts whose deadline passes before they are scheduled are dropped (TCB §5.2) and answered 503.
+`batch_wait_s`. Texts whose deadline passes before they are scheduled are dropped (TCB §5.2) and answered 503. Once
+the engine has timed a few batches (`batch_cost.BatchCostEstimate`), the scheduler's batch is cut to what finishes
+by its deadlines, and requests that cannot finish in time even alone are dropped before they run
+(`placement.tcb.deadline_fit`, AlpaServe §6.5's rule): a late answer counts for nothing and costs the others.
 
 `pack_text_batch` turns a formed batch into one `PackedBatch` (ops/packing.py): the scheduler's texts concatenated
 into rows (re-laid into the narrowest rows that hold them, `ops.packing.narrowest_rows`) or its slots, with per-text
@@ -31,6 +34,8 @@ from parallel.group_runtime import ModelParallelGroup
 from placement.arlo.runtimes import ideal_runtime_length
 from placement.core.deployment_spec import ModelSpec, PolicySpec
 from placement.tcb.batch_scheduler import BatchDecision, BatchScheduler, TextRequest, make_batch_scheduler
+from placement.tcb.deadline_fit import fit_to_deadlines
+from rayserve_apps.engine.batch_cost import BatchCostEstimate
 from rayserve_apps.engine.engine import FormedBatch, WorkItem
 from rayserve_apps.requests import RequestError
 
@@ -65,6 +70,8 @@ class TextBatchFormer:
         self.capacity_tokens = scheduler.params.num_rows * scheduler.params.row_length_tokens
         self._queue: list[TextRequest] = []
         self._queued_tokens = 0
+        #: Seconds of a batch by its tokens, from the batches run (cuts each batch to its deadlines).
+        self.cost = BatchCostEstimate()
 
     def add(self, items: Sequence[WorkItem]) -> None:
         for item in items:
@@ -84,15 +91,18 @@ class TextBatchFormer:
     def form(self, now_s: float) -> FormedBatch:
         live = [r for r in self._queue if not r.request_id.future.done()]  # callers that went away
         decision = self.scheduler.form_batch(now_s, live)
+        if self.cost.ready:
+            decision = fit_to_deadlines(decision, live, now_s, self.cost.seconds)
         self._queue = decision.remaining(live)
         self._queued_tokens = sum(r.length_tokens for r in self._queue)
         refused = [(r.request_id, RequestError(
-            503, "deadline_exceeded", f"model {self.model!r}: a text waited past its {self.slo_ms:g} ms SLO before it "
-            "could be scheduled")) for r in decision.dropped]
+            503, "deadline_exceeded", f"model {self.model!r}: a text could not be answered within its {self.slo_ms:g} "
+            "ms SLO (its deadline passed, or would pass before its batch ends)")) for r in decision.dropped]
         return FormedBatch(items=[r.request_id for r in decision.requests], plan=decision, refused=refused)
 
     def completed(self, batch: FormedBatch, finish_s: float) -> None:
-        pass
+        if batch.started_s is not None and batch.plan is not None:
+            self.cost.add(batch.plan.num_tokens, finish_s - batch.started_s)
 
 
 def pack_text_batch(batch: FormedBatch, scheduler: BatchScheduler, pad_token_id: int,
