@@ -150,21 +150,36 @@ def test_batch_cost_estimate_fits_fixed_and_per_token_seconds_past_a_stall():
 
     estimate = BatchCostEstimate()
     sizes = [100, 200, 400, 300, 100, 200]
-    for tokens in sizes[:MIN_BATCHES - 1]:
-        estimate.add(tokens, 0.01 + 0.001 * tokens)
-    assert not estimate.ready
-    for tokens in sizes[MIN_BATCHES - 1:]:
-        estimate.add(tokens, 0.01 + 0.001 * tokens)
-    estimate.add(200, 5.0)  # one batch stalled behind a loading neighbour
-    assert estimate.ready
+    for k, tokens in enumerate(sizes[:MIN_BATCHES - 1]):
+        estimate.add(tokens, 0.01 + 0.001 * tokens, ended_s=0.1 * k)
+    assert not estimate.ready(1.0)
+    for k, tokens in enumerate(sizes[MIN_BATCHES - 1:]):
+        estimate.add(tokens, 0.01 + 0.001 * tokens, ended_s=0.5 + 0.1 * k)
+    estimate.add(200, 5.0, ended_s=1.0)  # one batch stalled behind a loading neighbour
+    assert estimate.ready(1.0)
     assert estimate.seconds(1000) == pytest.approx(1.01, rel=0.02)
     assert estimate.fixed_s == pytest.approx(0.01, abs=0.005)
+
+
+def test_batch_cost_estimate_forgets_batches_older_than_its_age_limit():
+    from rayserve_apps.engine.batch_cost import MAX_AGE_S, MIN_BATCHES, BatchCostEstimate
+
+    estimate = BatchCostEstimate()
+    for k in range(MIN_BATCHES):  # a slow spell: 1 s per 100 tokens
+        estimate.add(100 * (k + 1), 0.01 * 100 * (k + 1), ended_s=float(k))
+    assert estimate.ready(float(MIN_BATCHES))
+    assert estimate.seconds(100) == pytest.approx(1.0)
+    assert not estimate.ready(MIN_BATCHES + MAX_AGE_S)  # nothing ran since: no estimate, rather than a stale one
+    for k in range(MIN_BATCHES):  # the device is fast again
+        estimate.add(100 * (k + 1), 0.0001 * 100 * (k + 1), ended_s=MIN_BATCHES + MAX_AGE_S + k)
+    assert estimate.ready(2 * MIN_BATCHES + MAX_AGE_S)
+    assert estimate.seconds(100) == pytest.approx(0.01)
 
 
 def test_text_former_refuses_a_request_its_batch_cannot_answer_in_time():
     from placement.tcb.batch_scheduler import make_batch_scheduler
     from rayserve_apps.engine import TextBatchFormer, WorkItem
-    from rayserve_apps.engine.batch_cost import MIN_BATCHES
+    from rayserve_apps.engine.batch_cost import MAX_AGE_S, MIN_BATCHES
     from rayserve_apps.requests import RequestError
 
     async def scenario():
@@ -177,13 +192,21 @@ def test_text_former_refuses_a_request_its_batch_cannot_answer_in_time():
             batch.started_s = float(k)
             former.completed(batch, float(k) + 0.2)
         assert former.cost.seconds(20) == pytest.approx(0.2)
-        doomed = [WorkItem([1] * 10, 0.0, 0.15, loop.create_future()) for _ in range(2)]  # needs 0.2 s, has 0.15
-        fine = [WorkItem([1] * 10, 0.01, 1.0, loop.create_future()) for _ in range(2)]
+        now = float(MIN_BATCHES)
+        doomed = [WorkItem([1] * 10, now, now + 0.15, loop.create_future()) for _ in range(2)]  # needs 0.2 s
+        fine = [WorkItem([1] * 10, now + 0.01, now + 1.0, loop.create_future()) for _ in range(2)]
         former.add(doomed + fine)
-        batch = former.form(0.0)
+        batch = former.form(now)
         assert batch.items == fine
         assert [item for item, _ in batch.refused] == doomed
         assert all(isinstance(error, RequestError) and error.status_code == 503 for _, error in batch.refused)
         assert former.queued() == 0
+        # No batch ran for longer than the estimate's age limit: the same tight request now runs uncut, and its
+        # batch refreshes the estimate (a stale estimate must not refuse every request forever).
+        later = now + MAX_AGE_S + 1.0
+        tight = [WorkItem([1] * 10, later, later + 0.15, loop.create_future()) for _ in range(2)]
+        former.add(tight)
+        batch = former.form(later)
+        assert batch.items == tight and not batch.refused
 
     asyncio.run(scenario())

@@ -91,7 +91,7 @@ class TextBatchFormer:
     def form(self, now_s: float) -> FormedBatch:
         live = [r for r in self._queue if not r.request_id.future.done()]  # callers that went away
         decision = self.scheduler.form_batch(now_s, live)
-        if self.cost.ready:
+        if self.cost.ready(now_s):
             decision = fit_to_deadlines(decision, live, now_s, self.cost.seconds)
         self._queue = decision.remaining(live)
         self._queued_tokens = sum(r.length_tokens for r in self._queue)
@@ -102,7 +102,7 @@ class TextBatchFormer:
 
     def completed(self, batch: FormedBatch, finish_s: float) -> None:
         if batch.started_s is not None and batch.plan is not None:
-            self.cost.add(batch.plan.num_tokens, finish_s - batch.started_s)
+            self.cost.add(batch.plan.num_tokens, finish_s - batch.started_s, finish_s)
 
 
 def pack_text_batch(batch: FormedBatch, scheduler: BatchScheduler, pad_token_id: int,
