@@ -40,7 +40,9 @@ run, real vs simulated through its rollouts), transition_cost_predicted and tran
 per request while a rollout runs: the decision's prediction vs the live run against the target simulated as
 deployed), reaction_s (the shift at half time to the first re-placement applied after it), real_repeat_diff_max_abs
 (the live system's own repeatability: controller run minus static run, real, on the requests before the first
-re-placement began, where trace and placement are the same), failed_accepted, unchanged_p99_ratio (step 6),
+re-placement began, where trace and placement are the same) and real_repeat_speed_ratio_range (on the same
+requests, the controller run's 10th-percentile latency over the static run's, per trace: the machine's speed in one
+replay against the other), failed_accepted, unchanged_p99_ratio (step 6),
 host_contention_probe (step 1's throughputs and the host's busy CPU share with one and with both devices at full
 load), send_lag_p99_ms_max (how late this driver sent requests against the trace's times, worst p99 of the replays),
 and per trace its figures (among them host_cpu_busy_share: the host's busy CPU share in each half of the
@@ -100,6 +102,8 @@ CALIBRATION_SEED_OFFSET = 1000
 #: the same kind of start. Its own seed: the refit must not see the scored requests before they are scored.
 WARMUP_S = 20.0
 WARMUP_SEED_OFFSET = 2000
+#: Percentile of the answered requests' latencies taken as the machine's speed in a run (`real_repeat_speed_ratio`).
+REPEAT_SPEED_PERCENTILE = 10
 #: SLO of the profiling deployment, ms: nothing is refused there, so the profiles see every request's latency.
 PROFILING_SLO_MS = 10_000.0
 #: Lone requests per model when profiling (the median is kept).
@@ -831,12 +835,18 @@ async def controller_trace(handle, controller, profile_sets: dict, transition, s
     before_move = trace.arrival_s < (rollouts[0][0] if rollouts else duration_s)
     repeat_diff = (float(dynamic["met"][before_move].mean() - static["met"][before_move].mean())
                    if before_move.any() else None)
+    # Whether the machine ran at the same speed in both: the fastest answers (REPEAT_SPEED_PERCENTILE of the requests
+    # answered in both runs before the move: those that met no queue) of the controller run over the static run's.
+    both = before_move & np.isfinite(static["latency"]) & np.isfinite(dynamic["latency"])
+    speed_ratio = (float(np.percentile(dynamic["latency"][both], REPEAT_SPEED_PERCENTILE)
+                         / np.percentile(static["latency"][both], REPEAT_SPEED_PERCENTILE)) if both.any() else None)
     shift_s = duration_s / 2
     after_shift = [t for t in changes if t >= shift_s]
     second = trace.arrival_s >= shift_s
     return {
         "seed": seed, "requests": len(trace), "trace": trace, "initial": initial, "static": static, "dynamic": dynamic,
         "warmup_trace": warmup_trace, "warmup": warmup, "real_repeat_diff": repeat_diff,
+        "real_repeat_speed_ratio": speed_ratio,
         "static_sim": static_sim, "dynamic_sim": dynamic_sim, "dynamic_at_end": dynamic_at_end, "changes": changes,
         "timeline": timeline, "online_scales": online,
         "attainment_sim_at_rollout_end": float(dynamic_at_end.mean()),
@@ -972,6 +982,9 @@ async def run(args) -> dict:
         "static_abs_gap_max": max(t["static_abs_gap"] for t in traces),
         "real_repeat_diff_max_abs": max(abs(d) for d in present("real_repeat_diff")) if present("real_repeat_diff")
         else None,
+        "real_repeat_speed_ratio_range": ([min(present("real_repeat_speed_ratio")),
+                                           max(present("real_repeat_speed_ratio"))]
+                                          if present("real_repeat_speed_ratio") else None),
         "transition_cost_predicted": (float(np.mean(present("transition_cost_predicted")))
                                       if present("transition_cost_predicted") else None),
         "transition_cost_real": (float(np.mean(present("transition_cost_real"))) if present("transition_cost_real")
