@@ -240,3 +240,15 @@ def test_deadline_fit_never_splits_a_call():
     cut = fit_to_deadlines(decision, call, 0.5, _per_token(0.01))  # would end at 1.1 s: the first request is late
     assert {r.deadline_s for r in cut.dropped} == {1.0}
     assert {r.deadline_s for r in cut.requests} == {1.5, 3.0}  # the rest of the call runs together
+
+
+def test_deadline_fit_orders_calls_of_one_deadline_by_their_arrival():
+    from placement.tcb.deadline_fit import fit_to_deadlines
+
+    first, second, third = _call(0.0, [1.0]), _call(0.1, [1.0]), _call(0.2, [1.0])  # one SLO, one deadline
+    queue = first + second + third
+    decision = make_batch_scheduler("fcfs", {"row_length_tokens": 100}).form_batch(0.3, queue)
+    assert len(decision.requests) == 6
+    cut = fit_to_deadlines(decision, queue, 0.3, _per_token(0.015))  # two calls end at 0.9 s, three at 1.2 s
+    assert [r.request_id for r in cut.requests] == [r.request_id for r in first + second]
+    assert cut.remaining(queue) == third

@@ -46,12 +46,12 @@ def fit_to_deadlines(decision: BatchDecision, queue: Sequence[TextRequest], now_
                 break
             late_requests |= late
             call = [r for r in call if (r.arrival_s, r.deadline_s) not in late]
-    fitting.sort(key=lambda call: min(r.deadline_s for r in call))
+    by_deadline = sorted(((min(r.deadline_s for r in call), call) for call in fitting), key=lambda pair: pair[0])
     kept: set[int] = set()
     tokens, earliest_s = 0, math.inf
-    for call in fitting:  # AlpaServe §6.5: the longest prefix whose finish meets every deadline in it
+    for call_deadline_s, call in by_deadline:  # AlpaServe §6.5: the longest prefix whose finish meets every deadline
         with_call = tokens + _tokens(call)
-        earliest_with_call = min(earliest_s, min(r.deadline_s for r in call))
+        earliest_with_call = min(earliest_s, call_deadline_s)
         if kept and now_s + batch_seconds(with_call) > earliest_with_call:
             break
         kept.update(id(r) for r in call)
