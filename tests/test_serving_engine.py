@@ -189,8 +189,7 @@ def test_text_former_refuses_a_request_its_batch_cannot_answer_in_time():
             former.add([WorkItem([1] * 10, float(k), float(k) + 1.0, loop.create_future()) for _ in range(2)])
             batch = former.form(float(k))
             assert len(batch.items) == 2 and not batch.refused
-            batch.started_s = float(k)
-            former.completed(batch, float(k) + 0.2)
+            former.completed(batch, float(k), float(k) + 0.2)
         assert former.cost.seconds(20) == pytest.approx(0.2)
         now = float(MIN_BATCHES)
         doomed = [WorkItem([1] * 10, now, now + 0.15, loop.create_future()) for _ in range(2)]  # needs 0.2 s

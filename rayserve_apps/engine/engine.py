@@ -50,8 +50,6 @@ class FormedBatch:
     #: Former-specific execution plan (TCB: the `BatchDecision`; OTAS: the gamma `Dispatch`).
     plan: Any = None
     refused: list[tuple[WorkItem, Exception]] = field(default_factory=list)
-    #: When the engine started executing it (its clock); set by the engine, for the former's `completed`.
-    started_s: float | None = None
 
 
 class BatchFormer(Protocol):
@@ -67,7 +65,9 @@ class BatchFormer(Protocol):
 
     def form(self, now_s: float) -> FormedBatch: ...
 
-    def completed(self, batch: FormedBatch, finish_s: float) -> None: ...
+    def completed(self, batch: FormedBatch, started_s: float, finish_s: float) -> None:
+        """`batch` ran from `started_s` to `finish_s` (the engine's clock)."""
+        ...
 
 
 class BatchBackend(Protocol):
@@ -239,7 +239,7 @@ class ServingEngine:
                 item.future.set_exception(error)
 
     async def _execute(self, batch: FormedBatch) -> None:
-        started = batch.started_s = self.clock()
+        started = self.clock()
         try:
             results = await self.backend.execute(batch)
             if len(results) != len(batch.items):
@@ -262,7 +262,7 @@ class ServingEngine:
             if self._wake is not None:
                 self._wake.set()
         finish = self.clock()
-        self.former.completed(batch, finish)
+        self.former.completed(batch, started, finish)
         self.totals.batches += 1
         self.totals.items += len(batch.items)
         self.totals.largest_batch = max(self.totals.largest_batch, len(batch.items))

@@ -100,9 +100,9 @@ class TextBatchFormer:
             "ms SLO (its deadline passed, or would pass before its batch ends)")) for r in decision.dropped]
         return FormedBatch(items=[r.request_id for r in decision.requests], plan=decision, refused=refused)
 
-    def completed(self, batch: FormedBatch, finish_s: float) -> None:
-        if batch.started_s is not None and batch.plan is not None:
-            self.cost.add(batch.plan.num_tokens, finish_s - batch.started_s, finish_s)
+    def completed(self, batch: FormedBatch, started_s: float, finish_s: float) -> None:
+        if batch.plan is not None:
+            self.cost.add(batch.plan.num_tokens, finish_s - started_s, finish_s)
 
 
 def pack_text_batch(batch: FormedBatch, scheduler: BatchScheduler, pad_token_id: int,

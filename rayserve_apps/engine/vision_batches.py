@@ -76,7 +76,7 @@ class ImageBatchFormer:
         batch, self._queue = live[: self.max_batch_size], live[self.max_batch_size:]
         return FormedBatch(items=batch)
 
-    def completed(self, batch: FormedBatch, finish_s: float) -> None:
+    def completed(self, batch: FormedBatch, started_s: float, finish_s: float) -> None:
         pass
 
 
@@ -109,7 +109,7 @@ class OtasBatchFormer:
         items = [request.payload for request in dispatch.batch.requests] if dispatch is not None else []
         return FormedBatch(items=items, plan=dispatch, refused=refused)
 
-    def completed(self, batch: FormedBatch, finish_s: float) -> None:
+    def completed(self, batch: FormedBatch, started_s: float, finish_s: float) -> None:
         dispatch: Dispatch = batch.plan
         accuracy = [self.profile.task_accuracy(r.task_id, dispatch.gamma) for r in dispatch.batch.requests]
         self.scheduler.complete(dispatch, finish_s, expected_accuracy=accuracy)
