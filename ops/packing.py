@@ -135,10 +135,12 @@ def narrowest_rows(lengths: Sequence[int], row_length_tokens: int, num_rows: int
     L tokens): a scheduler fills rows to L, and a trimmed batch still computes every row as wide as the fullest
     one, so a few short texts in rows of a long model limit (L = 256 for MiniLM) cost up to a third more
     positions, and longer attention rows, than the same texts in narrower rows. The texts, hence the scheduler's
-    decision and every answer, are unchanged. Returns bins of request indices; ValueError as
+    decision and every answer, are unchanged. Returns bins of request indices (none for no request); ValueError as
     `first_fit_decreasing` when the requests do not fit num_rows rows of row_length_tokens.
     """
-    longest = max(lengths, default=0)
+    if not lengths:
+        return []
+    longest = max(lengths)
     step = LAYOUT_WIDTH_STEP_TOKENS
     widths = sorted({w for w in range(-(-longest // step) * step, row_length_tokens, step) if w > 0}
                     | {row_length_tokens})

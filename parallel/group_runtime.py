@@ -12,10 +12,10 @@ placement-group bundles. A dead actor surfaces as `GroupFailedError` naming it; 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import contextlib
 import logging
 from concurrent.futures import Future
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
@@ -170,21 +170,23 @@ class ModelParallelGroup:
 
     def result(self, pending: Future, timeout_s: float = DEFAULT_RESULT_TIMEOUT_S) -> ActivationState:
         """Wait for one request; a dead or failing actor raises `GroupFailedError` naming it."""
-        try:
+        with self._failures_as_group_failed(timeout_s):
             return pending.result(timeout=timeout_s)
-        except concurrent.futures.TimeoutError:
-            raise GroupFailedError(f"model-parallel group for {self.source.name!r}: no result "
-                                   f"within {timeout_s} s") from None
-        except LinkError as error:
-            raise GroupFailedError(str(error)) from error
 
     async def infer_async(self, state: ActivationState, timeout_s: float = DEFAULT_RESULT_TIMEOUT_S) -> ActivationState:
         """`infer` for an asyncio caller: awaits the answer without blocking its event loop, so several batches can
         be in flight in the stages at once."""
         pending = self.submit(state)
-        try:
+        with self._failures_as_group_failed(timeout_s):
             return await asyncio.wait_for(asyncio.wrap_future(pending), timeout=timeout_s)
-        except asyncio.TimeoutError:
+
+    @contextlib.contextmanager
+    def _failures_as_group_failed(self, timeout_s: float) -> Iterator[None]:
+        """A wait for an answer, blocking or awaited: no answer within `timeout_s` (both waits raise the builtin
+        TimeoutError since Python 3.11) or a broken link becomes `GroupFailedError`."""
+        try:
+            yield
+        except TimeoutError:
             raise GroupFailedError(f"model-parallel group for {self.source.name!r}: no result "
                                    f"within {timeout_s} s") from None
         except LinkError as error:

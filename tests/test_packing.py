@@ -125,3 +125,7 @@ def test_narrowest_rows_keeps_full_rows_when_only_they_fit_and_names_the_limit_w
     assert narrowest_rows([120, 120, 10], 256, 1) == [[0, 1, 2]]  # narrower rows would need more than 1
     with pytest.raises(ValueError, match="more than the 1 available"):
         narrowest_rows([100, 100], 128, 1)
+
+
+def test_narrowest_rows_of_no_request_is_no_row():
+    assert narrowest_rows([], 256, 4) == []

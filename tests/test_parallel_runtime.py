@@ -82,6 +82,13 @@ def test_a_request_a_stage_fails_on_fails_alone_and_the_group_goes_on(group, tin
     assert group.links.broken is None
 
 
+def test_no_answer_within_the_timeout_is_a_group_failure_naming_it(group):
+    from concurrent.futures import Future
+
+    with pytest.raises(GroupFailedError, match=r"'tiny-bert': no result within 0.01 s"):
+        group.result(Future(), timeout_s=0.01)  # a future nothing ever answers
+
+
 def _process_gone(pid: int) -> bool:
     """The process has exited (or is a zombie waiting for its parent to reap it)."""
     try:

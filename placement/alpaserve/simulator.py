@@ -187,14 +187,14 @@ def build_tables(groups: Sequence[GroupSpec], cache: LatencyCache, model_names: 
 # ------------------------------------------------------------------------------------------------- kernels
 # The kernel keeps its state in a few arrays with named rows or columns (arrays passed inside tuples, or through
 # many small inlined helpers, cost numba reference counting on every use: several times the simulation itself):
-#   times  float64[4, N]   per request: arrival, deadline, start of the first stage, finish
+#   times  float64[5, N]   per request: arrival, deadline, start of the first stage, finish, busy device-seconds
 #   ids    int64[8, N]     per request: model, group, batch size, status, and its successor in three lists
 #   groups int64[G, 9]     per group: ends and length of its queue and of its started list, stages, intra-op degree,
 #                          devices
 #   stage_free float64[G, K], busy float64[G], model_queue int64[G, M, 2] (head, tail of one model's queue)
 # plus the latency table, the routing table (host_ptr, host_groups, turn) and `_KernelKnobs` (scalars only).
-ARRIVAL, DEADLINE, START, FINISH = range(4)
-_TIME_FIELDS = 4
+ARRIVAL, DEADLINE, START, FINISH, DEVICE_S = range(5)
+_TIME_FIELDS = 5
 # The lists: a group's queued requests in arrival order, the queued requests of one (group, model) from which
 # batches are cut, and a group's started, unfinished requests (finish times ascend); TAKEN marks a queued request
 # already batched or dropped (it leaves the arrival-order list lazily).
@@ -224,6 +224,7 @@ class _KernelArrays:
         times = np.empty((_TIME_FIELDS, n))
         times[ARRIVAL] = workload.arrival_s
         np.add(workload.arrival_s, workload.slo_s, out=times[DEADLINE])
+        times[DEVICE_S] = 0.0  # a request that never runs charges no device
         ids = np.empty((_ID_FIELDS, n), np.int64)  # the kernels write every other field of every request
         ids[MODEL] = workload.model
         ids[BATCH] = 1
@@ -238,7 +239,8 @@ class _KernelArrays:
 
     def result(self, workload: Workload, tables: _Tables) -> "SimulationResult":
         return SimulationResult(workload, self.times[START], self.times[FINISH], self.ids[GROUP],
-                                self.ids[STATUS].astype(np.int8), self.ids[BATCH], tables, self.busy)
+                                self.ids[STATUS].astype(np.int8), self.ids[BATCH], tables, self.busy,
+                                self.times[DEVICE_S])
 
 
 def _kernel_knobs(config: SimulatorConfig, max_batch: int) -> tuple:
@@ -306,18 +308,22 @@ def _not_run(i, status, times, ids):
 @njit(cache=True, inline="always")
 def _start_batch(g, m, size, enter, head, times, ids, groups, stage_free, busy, latency, knobs, slowdown):
     """Run the `size` requests of model m that follow each other from `head` (NEXT_OF_MODEL links) as one batch
-    through group g's pipeline from `enter`: occupy its stages, charge its device time, record each request's
-    start, finish (response overhead included), batch size and status, and append it to the group's started
-    list. Returns the request after the batch (meaningless for an unqueued request, whose link is never set)."""
+    through group g's pipeline from `enter`: occupy its stages, charge its device time (to g, and in equal shares to
+    the requests), record each request's start, finish (response overhead included), batch size and status, and
+    append it to the group's started list. Returns the request after the batch (meaningless for an unqueued
+    request, whose link is never set)."""
     s, f = _pipeline_run(latency, stage_free, groups[g, NUM_STAGES], g, m, size, enter, slowdown)
+    device_s = 0.0
     for k in range(groups[g, NUM_STAGES]):
-        busy[g] += latency[g, m, size, k] * slowdown * groups[g, INTRA_OP]
+        device_s += latency[g, m, size, k] * slowdown * groups[g, INTRA_OP]
+    busy[g] += device_s
     f += knobs.response_overhead
     r = head
     for _ in range(size):
         following = ids[NEXT_OF_MODEL, r]
         times[START, r] = s
         times[FINISH, r] = f
+        times[DEVICE_S, r] = device_s / size
         ids[BATCH, r] = size
         ids[STATUS, r] = SERVED if f <= times[DEADLINE, r] else LATE
         if groups[g, FTAIL] == -1:
@@ -488,15 +494,20 @@ class _ReferenceEngine:
         self.unfinished: list[list[int]] = [[] for _ in range(num_groups)]  # FIFO, finish times ascending
         self.queues: list[dict[int, list[int]]] = [{} for _ in range(num_groups)]  # per model FIFO
         self.busy = np.zeros(num_groups)  # device-seconds per group
+        self.device_s = np.zeros(n)  # device-seconds per request: its share of its batch's
 
     def _finish(self, g: int, m: int, b: int, enter: float) -> float:
         return float(_pipeline_finish(self.t.latency, self.stage_free, self.t.num_stages[g], g, m, b, enter,
                                       self._slowdown(g, enter)))
 
-    def _run_batch(self, g: int, m: int, b: int, enter: float) -> tuple[float, float]:
-        """Occupy group g's pipeline with a batch of b; (start of stage 0, finish)."""
+    def _run_batch(self, g: int, m: int, requests: list[int], enter: float) -> tuple[float, float]:
+        """Occupy group g's pipeline with a batch of model m's `requests` and charge its device time to them
+        (equal shares); (start of stage 0, finish)."""
+        b = len(requests)
         slowdown = self._slowdown(g, enter)
-        self.busy[g] += float(self.t.latency[g, m, b, : self.t.num_stages[g]].sum()) * slowdown * self.t.intra_op[g]
+        device_s = float(self.t.latency[g, m, b, : self.t.num_stages[g]].sum()) * slowdown * self.t.intra_op[g]
+        self.busy[g] += device_s
+        self.device_s[requests] = device_s / b
         return _pipeline_run(self.t.latency, self.stage_free, self.t.num_stages[g], g, m, b, enter, slowdown)
 
     def _slowdown(self, g: int, enter: float) -> float:
@@ -551,7 +562,7 @@ class _ReferenceEngine:
             if batching:
                 self.queues[g].setdefault(m, []).append(i)
                 continue
-            s, f = self._run_batch(g, m, 1, enter)
+            s, f = self._run_batch(g, m, [i], enter)
             self.start[i], self.finish[i] = s, f + cfg.response_overhead_s
             self.status[i] = SERVED if self.finish[i] <= deadline else LATE
             self.unfinished[g].append(i)
@@ -578,7 +589,7 @@ class _ReferenceEngine:
                 queue.pop(0)
                 self.status[head] = REJECTED
                 continue
-            s, f = self._run_batch(g, m, size, enter)
+            s, f = self._run_batch(g, m, queue[:size], enter)
             f += cfg.response_overhead_s
             for r in queue[:size]:
                 self.start[r], self.finish[r], self.batch[r] = s, f, size
@@ -643,6 +654,7 @@ class SimulationResult:
     batch_size: np.ndarray
     tables: _Tables
     busy_device_s: np.ndarray  # per group: stage latencies of its batches (host slowdown included) x intra-op devices
+    request_device_s: np.ndarray  # per request: its equal share of its batch's, 0 for one never run
 
     @property
     def served(self) -> np.ndarray:
@@ -679,12 +691,9 @@ class SimulationResult:
                             float(latency.max()))
 
     def device_seconds(self) -> np.ndarray:
-        """Busy device-seconds of each request (its share of its batch's stage latencies x intra-op devices)."""
-        done = np.flatnonzero((self.status == SERVED) | (self.status == LATE))
-        work = np.zeros(len(self.status))
-        g, m, b = self.group[done], self.workload.model[done], self.batch_size[done]
-        work[done] = self.tables.latency[g, m, b].sum(axis=1) * self.tables.intra_op[g] / b
-        return work
+        """Busy device-seconds of each request: its share of its batch's stage latencies (host slowdown included)
+        x intra-op devices; per group they add up to `group_busy_seconds`."""
+        return self.request_device_s
 
     def group_busy_seconds(self) -> np.ndarray:
         """Busy device-seconds per group (both engines count them as they run batches)."""
@@ -752,7 +761,7 @@ def simulate_groups(groups: Sequence[GroupSpec], cache: LatencyCache, workload: 
         engine = _ReferenceEngine(tables, groups, names, config, workload, max_batch)
         engine.run()
         return SimulationResult(workload, engine.start, engine.finish, engine.group, engine.status, engine.batch,
-                                tables, engine.busy)
+                                tables, engine.busy, engine.device_s)
     arrays = _KernelArrays.build(workload, tables)
     knobs = _kernel_knobs(config, max_batch)
     a = arrays
