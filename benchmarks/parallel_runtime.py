@@ -196,18 +196,6 @@ def measure_profile(source: ModelSource, seq: int | None, args, model=None) -> M
     return profile_sharded_blocks(profile, (CONFIGS["2-way-intra-op"].intra_op_degree,), repeats=args.repeats)
 
 
-def mean_profile(before: ModelLayerProfile, after: ModelLayerProfile) -> ModelLayerProfile:
-    """The mean of the profiles taken before and after the measured rounds: the shared VM's speed drifts by some
-    10% over a minute, and a prediction from one profile inherits whatever speed it had in that instant."""
-    merged = before.merge(after)  # whole layers: sample-weighted means
-    layers = [layer.model_copy(update={"sharded_latency_s": {
-        degree: {key: (seconds + theirs.sharded_latency_s[degree][key]) / 2 for key, seconds in by_key.items()}
-        for degree, by_key in mine.sharded_latency_s.items()}})
-        for layer, mine, theirs in zip(merged.layers, before.layers, after.layers)]
-    co_run = [p.co_run_slowdown for p in (before, after) if p.co_run_slowdown is not None]
-    return merged.model_copy(update={"layers": layers, "co_run_slowdown": statistics.mean(co_run) if co_run else None})
-
-
 def bench_model(source: ModelSource, comm, args, figures: dict) -> None:
     """Plan the three configurations, start all three groups, and measure them side by side; predict them from the
     mean of the profiles taken before and after."""
@@ -233,7 +221,10 @@ def bench_model(source: ModelSource, comm, args, figures: dict) -> None:
         log.info("%s %s: stages %s", source.name, label, [(s.start_layer, s.end_layer) for s in plans[label].stages])
     rounds, memory, weight_bytes = measure_side_by_side(source, plans, profile, states, expected, args,
                                                         args.latency_requests)
-    profile = mean_profile(profile, measure_profile(source, seq, args))
+    # The mean of the profiles taken before and after the measured rounds (`ModelLayerProfile.merge`, weighted by
+    # their timed runs, equal here): the shared VM's speed drifts by some 10% over a minute, and a prediction from one
+    # profile inherits whatever speed it had in that instant.
+    profile = profile.merge(measure_profile(source, seq, args))
     predictor = ModelPlanner(profile, comm, seq)
     # The groups' devices are CPU shares of this host: throughput is capped by its cores / CPU per request.
     host_cores = shared_host_cores(CPU_RESOURCE, comm.hop.host_cores if comm.hop is not None else None)

@@ -100,6 +100,9 @@ class LayerMeasurement(BaseModel):
         default_factory=dict,
         description="Blocks: intra-op degree -> '<batch>x<tokens>' -> forward seconds of the block Megatron-sharded "
                     "over that many actors, timed by running it there (`parallel.sharded_profile`).")
+    sharded_samples: dict[int, dict[str, int]] = Field(
+        default_factory=dict,
+        description="Blocks: intra-op degree -> '<batch>x<tokens>' -> timed runs behind sharded_latency_s.")
 
 
 class ModelLayerProfile(BaseModel):
@@ -119,6 +122,8 @@ class ModelLayerProfile(BaseModel):
         description="How much slower a whole forward pass runs while another process runs it on the other core at the "
                     "same time (`measure_co_run_slowdown`); prices the CPU per request on a host whose cores the "
                     "stages share. None: not measured (1).")
+    co_run_samples: int = Field(default=1, ge=0,
+                                description="Co-run probes averaged into co_run_slowdown (0 when it is None).")
 
     def shapes(self) -> list[tuple[int, int]]:
         keys = set(self.layers[0].latency_s)
@@ -128,21 +133,39 @@ class ModelLayerProfile(BaseModel):
         if len(other.layers) != len(self.layers):
             raise ValueError(f"model {self.name!r}: {len(other.layers)} layers in the new profile, {len(self.layers)} "
                              "before")
+        """Another run's profile of the same model merged in: every timed figure (whole layers, sharded blocks, the
+        co-run slowdown) is the mean of both runs' weighted by the timed runs behind each; the rest is the newer
+        run's."""
         layers = []
         for mine, theirs in zip(self.layers, other.layers):
-            latency, samples = dict(mine.latency_s), dict(mine.samples)
-            for key, seconds in theirs.latency_s.items():
-                old_n, new_n = samples.get(key, 0), theirs.samples.get(key, 1)
-                latency[key] = (latency.get(key, 0.0) * old_n + seconds * new_n) / (old_n + new_n)
-                samples[key] = old_n + new_n
-            sharded = {degree: {**mine.sharded_latency_s.get(degree, {}), **theirs.sharded_latency_s.get(degree, {})}
-                       for degree in {*mine.sharded_latency_s, *theirs.sharded_latency_s}}
+            latency, samples = _sample_weighted(mine.latency_s, mine.samples, theirs.latency_s, theirs.samples)
+            sharded, sharded_samples = {}, {}
+            for degree in sorted({*mine.sharded_latency_s, *theirs.sharded_latency_s}):
+                sharded[degree], sharded_samples[degree] = _sample_weighted(
+                    mine.sharded_latency_s.get(degree, {}), mine.sharded_samples.get(degree, {}),
+                    theirs.sharded_latency_s.get(degree, {}), theirs.sharded_samples.get(degree, {}))
             layers.append(theirs.model_copy(update={"latency_s": latency, "samples": samples,
                                                     "output_bytes": {**mine.output_bytes, **theirs.output_bytes},
-                                                    "sharded_latency_s": sharded}))
-        return other.model_copy(update={"layers": layers, "input_bytes": {**self.input_bytes, **other.input_bytes},
-                                        "co_run_slowdown": other.co_run_slowdown if other.co_run_slowdown is not None
-                                        else self.co_run_slowdown})
+                                                    "sharded_latency_s": sharded, "sharded_samples": sharded_samples}))
+        co_run = [(p.co_run_slowdown, p.co_run_samples) for p in (self, other)
+                  if p.co_run_slowdown is not None and p.co_run_samples > 0]
+        co_run_samples = sum(n for _, n in co_run)
+        return other.model_copy(update={
+            "layers": layers, "input_bytes": {**self.input_bytes, **other.input_bytes},
+            "co_run_slowdown": sum(x * n for x, n in co_run) / co_run_samples if co_run else None,
+            "co_run_samples": co_run_samples})
+
+
+def _sample_weighted(mine: dict[str, float], mine_samples: dict[str, int], theirs: dict[str, float],
+                     theirs_samples: dict[str, int]) -> tuple[dict[str, float], dict[str, int]]:
+    """Per shape key: both runs' seconds averaged, each weighted by its timed runs (a figure stored without a count
+    counts once); the counts added."""
+    seconds, samples = dict(mine), {key: mine_samples.get(key, 1) for key in mine}
+    for key, value in theirs.items():
+        old_n, new_n = samples.get(key, 0), theirs_samples.get(key, 1)
+        seconds[key] = (seconds.get(key, 0.0) * old_n + value * new_n) / (old_n + new_n)
+        samples[key] = old_n + new_n
+    return seconds, samples
 
 
 class LayerProfileSet(BaseModel):

@@ -81,6 +81,7 @@ def profile_sharded_blocks(profile: ModelLayerProfile, degrees: Sequence[int] = 
         for key, blocks in per_rank[0].items():
             for index in blocks:
                 layers[index].sharded_latency_s.setdefault(degree, {})[key] = max(rank[key][index] for rank in per_rank)
+                layers[index].sharded_samples.setdefault(degree, {})[key] = repeats
             total = sum(layers[i].sharded_latency_s[degree][key] for i in blocks)
             whole = sum(layers[i].latency_s.get(key, 0.0) for i in blocks)
             logger.info("%s: blocks at %s sharded over %d actors %.2f ms (whole, one actor %.2f ms)", profile.name,

@@ -73,6 +73,28 @@ def test_repeated_runs_merge_by_sample_weighted_mean(models, tmp_path):
     assert merged.comm == STAND_IN_FREE_COMM
 
 
+def test_a_merge_averages_sharded_latencies_and_the_co_run_slowdown_by_their_timed_runs(models):
+    """Until 2026-11-26 a merge kept the newer run's sharded latencies and co-run slowdown whole."""
+    _, profiles = models
+    key = shape_key(1, SEQ_LEN_TOKENS)
+    first = profiles["tiny-bert"].model_copy(deep=True)
+    block = next(i for i, layer in enumerate(first.layers) if layer.kind == "block")
+    first.layers[block].sharded_latency_s = {2: {key: 0.010}}
+    first.layers[block].sharded_samples = {2: {key: 3}}
+    first.co_run_slowdown, first.co_run_samples = 1.2, 1
+    second = first.model_copy(deep=True)
+    second.layers[block].sharded_latency_s = {2: {key: 0.020}, 4: {key: 0.008}}
+    second.layers[block].sharded_samples = {2: {key: 1}, 4: {key: 5}}
+    second.co_run_slowdown, second.co_run_samples = 1.5, 2
+    merged = first.merge(second)
+    assert merged.layers[block].sharded_latency_s[2][key] == pytest.approx((3 * 0.010 + 0.020) / 4)
+    assert merged.layers[block].sharded_samples[2][key] == 4
+    assert merged.layers[block].sharded_latency_s[4][key] == 0.008  # measured by one run only
+    assert merged.co_run_slowdown == pytest.approx((1.2 + 2 * 1.5) / 3) and merged.co_run_samples == 3
+    unmeasured = second.model_copy(update={"co_run_slowdown": None, "co_run_samples": 0})
+    assert first.merge(unmeasured).co_run_slowdown == 1.2 and unmeasured.merge(unmeasured).co_run_slowdown is None
+
+
 def test_enumerate_configs():
     assert [(c.intra_op_degree, c.pipeline_stages) for c in enumerate_configs(4)] == [(1, 4), (2, 2), (4, 1)]
     with pytest.raises(ValueError, match="group_size"):
