@@ -123,19 +123,19 @@ class ModelLayerProfile(BaseModel):
                     "same time (`measure_co_run_slowdown`); prices the CPU per request on a host whose cores the "
                     "stages share. None: not measured (1).")
     co_run_samples: int = Field(default=1, ge=0,
-                                description="Co-run probes averaged into co_run_slowdown (0 when it is None).")
+                                description="Co-run probes averaged into co_run_slowdown (ignored while it is None).")
 
     def shapes(self) -> list[tuple[int, int]]:
         keys = set(self.layers[0].latency_s)
         return sorted(tuple(int(part) for part in key.split("x")) for key in keys)  # type: ignore[misc]
 
     def merge(self, other: "ModelLayerProfile") -> "ModelLayerProfile":
-        if len(other.layers) != len(self.layers):
-            raise ValueError(f"model {self.name!r}: {len(other.layers)} layers in the new profile, {len(self.layers)} "
-                             "before")
         """Another run's profile of the same model merged in: every timed figure (whole layers, sharded blocks, the
         co-run slowdown) is the mean of both runs' weighted by the timed runs behind each; the rest is the newer
         run's."""
+        if len(other.layers) != len(self.layers):
+            raise ValueError(f"model {self.name!r}: {len(other.layers)} layers in the new profile, {len(self.layers)} "
+                             "before")
         layers = []
         for mine, theirs in zip(self.layers, other.layers):
             latency, samples = _sample_weighted(mine.latency_s, mine.samples, theirs.latency_s, theirs.samples)
