@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from placement.alpaserve.simulator import SERVED, SimulatorConfig, simulate
+from placement.alpaserve.simulator import SERVED, SimulationResult, SimulatorConfig, simulate
 from placement.alpaserve.transition import scaled_profiles
 from placement.core.calibration_settings import DEFAULT_MIN_ANSWERED, DEFAULT_QUANTILE
 from placement.core.placement_plan import Placement
@@ -66,11 +66,14 @@ def simulated_latency_quantile(placement: Placement, profiles: ProfileSet, workl
     """The `quantile` of the simulated latencies (finish minus arrival) of the requests served (of the `scored`
     ones, a mask; default all), NaN if none."""
     profiles = scaled_profiles(profiles, scale) if scale != 1.0 else profiles
-    result = simulate(placement, profiles, workload, config)
+    return _served_latency_quantile(simulate(placement, profiles, workload, config), quantile, scored)
+
+
+def _served_latency_quantile(result: SimulationResult, quantile: float, scored: np.ndarray | None) -> float:
     served = (result.status == SERVED) & (True if scored is None else scored)
     if not served.any():
         return float("nan")
-    return float(np.quantile(result.finish_s[served] - workload.arrival_s[served], quantile))
+    return float(np.quantile(result.finish_s[served] - result.workload.arrival_s[served], quantile))
 
 
 def calibrate_service_scale(placement: Placement, profiles: ProfileSet, workload: Workload, latency_s: np.ndarray,
@@ -100,16 +103,18 @@ def calibrate_service_scale(placement: Placement, profiles: ProfileSet, workload
     met = answered & (np.nan_to_num(latency_s, nan=np.inf) <= workload.slo_s)
     observed_attainment = float(met[scored].mean())
 
-    # Memoised: the bisection's bounds and the factor it returns are also asked for around it (a simulation each).
+    # One simulation per factor, memoised: the attainment guard, the bisection's bounds and the factor it returns
+    # ask both figures of the same factors.
     @functools.cache
+    def simulated_at(scale: float) -> SimulationResult:
+        return simulate(placement, scaled_profiles(profiles, scale), workload, config)
+
     def latency_at(scale: float) -> float:
-        value = simulated_latency_quantile(placement, profiles, workload, config, quantile, scale, scored)
+        value = _served_latency_quantile(simulated_at(scale), quantile, scored)
         return np.inf if np.isnan(value) else value
 
-    @functools.cache
     def attainment_at(scale: float) -> float:
-        result = simulate(placement, scaled_profiles(profiles, scale), workload, config)
-        return float((result.status == SERVED)[scored].mean())
+        return float((simulated_at(scale).status == SERVED)[scored].mean())
 
     # Misses that no service speed avoids (a model no group hosts) say nothing about the factor.
     by_attainment = (match_attainment and observed_attainment < 1.0
