@@ -241,6 +241,25 @@ def test_traffic_window_keeps_the_last_period_and_counts_outcomes():
     assert RequestRecord.from_json(RequestRecord("a", 1.0, "ok").to_json()) == RequestRecord("a", 1.0, "ok")
 
 
+def test_one_traffic_window_answers_each_query_over_its_own_seconds():
+    """The controller keeps one store as long as its longest use (the service-time refit's window, Arlo's allocation
+    period) and asks the period's decisions for their last period only."""
+    window = TrafficWindow(window_s=30.0)
+    window.add([RequestRecord("a", t, "ok", 5.0, True, 12) for t in (75.0, 92.0, 98.0)])
+    window.add([RequestRecord("b", 99.0, "rejected")])
+    assert [r.arrival_s for r in window.recent(100.0)] == [75.0, 92.0, 98.0, 99.0]
+    assert [r.arrival_s for r in window.recent(100.0, window_s=10.0)] == [92.0, 98.0, 99.0]
+    assert window.stats(100.0, window_s=5.0)["a"].requests == 1 and window.stats(100.0)["a"].requests == 3
+    period = window.observed(100.0, ["a", "b"], [1.0, 1.0], window_s=10.0)
+    assert period.duration_s == 10.0 and [list(a) for a in period.arrival_s] == [[2.0, 8.0], [9.0]]
+    refit = window.observed(100.0, ["a", "b"], [1.0, 1.0], settle_s=2.0, since_s=80.0, window_s=30.0)
+    assert refit.duration_s == 18.0 and [list(a) for a in refit.arrival_s] == [[12.0], []]
+    with pytest.raises(ValueError, match="window_s=60"):
+        window.observed(100.0, ["a"], [1.0], window_s=60.0)  # longer than the store keeps
+    with pytest.raises(ValueError, match="window_s=0"):
+        window.recent(100.0, window_s=0.0)
+
+
 def test_a_kept_shift_decision_gets_its_looks_a_shift_window_apart_until_one_moves():
     """Issue 18 (react within one period): a shift test that fires just before the change leaves the first look's
     window half before it; the kept shift decision gets `looks` decisions a shift window apart (here 2), each on the

@@ -1,9 +1,10 @@
 """Live traffic statistics: what the ingress reports and what the placement controller judges.
 
 The ingress records one `RequestRecord` per request (model, arrival time, input length, outcome, latency) and
-sends them in batches; the controller keeps the records of the last observation window in a `TrafficWindow` and
-turns them into the inputs of its policies: per-model arrival times for the workload fit
-(`ObservedTraffic`), SLO attainment, and input-length histograms (Arlo's runtime allocation).
+sends them in batches; the controller keeps the records of its longest observation window in one `TrafficWindow`
+and turns them into the inputs of its policies, each over its own seconds (`window_s` of each query): per-model
+arrival times for the workload fit (`ObservedTraffic`), SLO attainment, and input-length histograms (Arlo's runtime
+allocation).
 """
 
 from __future__ import annotations
@@ -63,7 +64,9 @@ class ModelWindowStats:
 
 
 class TrafficWindow:
-    """The records of the last `window_s` seconds (bounded by `max_records`)."""
+    """The records of the last `window_s` seconds (bounded by `max_records`). Each query looks back over the whole
+    window or, with its own `window_s`, over its last that many seconds: one store serves consumers with different
+    windows (the controller's period, its service-time refit, Arlo's allocation period)."""
 
     def __init__(self, window_s: float, max_records: int = 1_000_000):
         if window_s <= 0:
@@ -80,18 +83,34 @@ class TrafficWindow:
         while self.records and self.records[0].arrival_s < now_s - self.window_s:
             self.records.popleft()
 
+    def _lookback_s(self, window_s: float | None) -> float:
+        """The seconds a query looks back: its own `window_s`, at most the store's."""
+        if window_s is None:
+            return self.window_s
+        if not 0 < window_s <= self.window_s:
+            raise ValueError(f"window_s={window_s}: must be in (0, {self.window_s:g}] (the seconds this traffic "
+                             f"window keeps)")
+        return window_s
+
     def _recent(self, now_s: float) -> list[RequestRecord]:
         self.trim(now_s)
         return sorted(self.records, key=lambda r: r.arrival_s)
 
+    def recent(self, now_s: float, window_s: float | None = None) -> list[RequestRecord]:
+        """The records of the last `window_s` seconds (default: the whole window), by arrival time."""
+        start = now_s - self._lookback_s(window_s)
+        return [r for r in self._recent(now_s) if r.arrival_s >= start]
+
     def observed(self, now_s: float, model_names: Sequence[str], slo_s: Sequence[float],
-                 settle_s: float = 0.0, since_s: float | None = None) -> ObservedTraffic:
-        """Per-model arrival times relative to the window's start, for the workload fit. With `settle_s`, the
-        requests that arrived in the window's last `settle_s` seconds are left out (and the window ends there): a
-        request is recorded when it ends, so the window's newest arrivals hold its fast answers and not yet its slow
-        ones, and a service-time fit on them would see the system faster than it was. With `since_s` (wall clock),
-        the window starts there if that is later than its own start (e.g. at the last placement change)."""
-        start = now_s - self.window_s if since_s is None else max(now_s - self.window_s, since_s)
+                 settle_s: float = 0.0, since_s: float | None = None, window_s: float | None = None) -> ObservedTraffic:
+        """Per-model arrival times relative to the window's start, for the workload fit, over the last `window_s`
+        seconds (default: the whole window). With `settle_s`, the requests that arrived in the window's last
+        `settle_s` seconds are left out (and the window ends there): a request is recorded when it ends, so the
+        window's newest arrivals hold its fast answers and not yet its slow ones, and a service-time fit on them
+        would see the system faster than it was. With `since_s` (wall clock), the window starts there if that is
+        later than its own start (e.g. at the last placement change)."""
+        start = now_s - self._lookback_s(window_s)
+        start = start if since_s is None else max(start, since_s)
         if not 0 <= settle_s < now_s - start:
             raise ValueError(f"settle_s={settle_s}: must be in [0, {now_s - start:g}) (the window's seconds)")
         recent = [r for r in self._recent(now_s)
@@ -101,9 +120,10 @@ class TrafficWindow:
                                for r in recent if r.model == name]) for name in model_names]
         return ObservedTraffic(list(model_names), arrivals, now_s - start - settle_s, list(slo_s), latencies)
 
-    def stats(self, now_s: float) -> dict[str, ModelWindowStats]:
+    def stats(self, now_s: float, window_s: float | None = None) -> dict[str, ModelWindowStats]:
+        """Per model: requests and outcomes of the last `window_s` seconds (default: the whole window)."""
         out: dict[str, ModelWindowStats] = {}
-        for record in self._recent(now_s):
+        for record in self.recent(now_s, window_s):
             s = out.setdefault(record.model, ModelWindowStats(0, 0, 0, 0, 0))
             s.requests += 1
             s.answered += record.outcome == "ok"

@@ -123,11 +123,12 @@ class PlacementController:
         self.policy = replan_policy(self.spec, profiles_base_dir(self.spec)) if self.groups_enabled else None
         self.models = sorted(self.spec.placement.models()) if self.spec.placement is not None else []
         self.slo_s = [self.spec.model(name).slo_ms / 1000.0 for name in self.models]
-        self.window = TrafficWindow(self.settings.period_s)
-        #: Records the service-time refit replays (`controller.calibration.window_s`, at least a period).
-        self.calibration_window = TrafficWindow(max(self.settings.period_s, self.settings.calibration.window_s))
-        #: Records over the allocators' longest period (Arlo's Q_i come from the input lengths seen in it).
-        self.length_window = TrafficWindow(self.runtimes.window_s) if self.runtimes.models else None
+        #: Seconds of records the service-time refit replays (`controller.calibration.window_s`, at least a period).
+        self.calibration_window_s = max(self.settings.period_s, self.settings.calibration.window_s)
+        #: The reported records, as long as the longest of their uses: a period (the group decisions and the shift
+        #: test), the service-time refit's window and the allocators' longest period (Arlo's Q_i come from the input
+        #: lengths seen in it). Each use queries its own seconds.
+        self.traffic = TrafficWindow(max(self.calibration_window_s, self.runtimes.window_s))
         self.started_s = started
         self.log = DecisionLog(app_name, self.settings.history_size)
         self.layout = initial_layout(self.spec)
@@ -201,10 +202,7 @@ class PlacementController:
     def report(self, records: list[dict[str, Any]]) -> int:
         """Traffic records from an ingress replica; returns how many were taken."""
         parsed = [RequestRecord.from_json(r) for r in records]
-        self.window.add(parsed)
-        self.calibration_window.add(parsed)
-        if self.length_window is not None:
-            self.length_window.add(parsed)
+        self.traffic.add(parsed)
         self.runtimes.observe(parsed)
         return len(records)
 
@@ -246,7 +244,7 @@ class PlacementController:
                 if period_due:
                     return []
                 continue
-            found = detect_rate_shifts(self.window, time.time(), self.models, self._shift_window_s(),
+            found = detect_rate_shifts(self.traffic, time.time(), self.models, self._shift_window_s(),
                                        self.settings.shift_z, self.settings.shift_min_ratio,
                                        self.settings.shift_min_requests)  # within the cool-down too
             look_window_s = self.shift_looks.take_due(time.monotonic())  # taken even if the look fails
@@ -284,10 +282,7 @@ class PlacementController:
         logged = [await self._logged("autoscaling", lambda m=model, u=update: self._apply_runtime(m, u))
                   for model, update in self.runtimes.scale(time.time()).items()]
         now = time.time()
-        records = []
-        if self.length_window is not None:
-            self.length_window.trim(now)
-            records = list(self.length_window.records)
+        records = self.traffic.recent(now, self.runtimes.window_s) if self.runtimes.models else []
         decisions = self.runtimes.decide(now, records, observed_s=now - self.started_s)
         return logged + [await self._logged("allocation_period", lambda m=model, d=decision: self._apply_runtime(m, d))
                          for model, decision in decisions.items()]
@@ -335,10 +330,11 @@ class PlacementController:
         self.shift_trigger.decided(time.monotonic())
         if shifts is None and not look:
             self.shift_looks.cancel()  # any other decision answers the pending looks
-        traffic = self.window.observed(now, self.models, self.slo_s)
+        period_s = self.settings.period_s
+        traffic = self.traffic.observed(now, self.models, self.slo_s, window_s=period_s)
         observed = {name: {"requests": s.requests, "answered": s.answered, "slo_met": s.slo_met, "rejected": s.rejected,
                            "failed": s.failed, "attainment": s.attainment}
-                    for name, s in self.window.stats(now).items()}
+                    for name, s in self.traffic.stats(now, window_s=period_s).items()}
         current = self.layout.placement()
         # The records just past refit the loading slowdown (after a rollout) and the service times before the
         # candidates are judged.
@@ -386,7 +382,8 @@ class PlacementController:
         if now - since_s < self.settings.period_s:
             return None
         settle_s = self._settle_s()
-        traffic = self.calibration_window.observed(now, self.models, self.slo_s, settle_s=settle_s, since_s=since_s)
+        traffic = self.traffic.observed(now, self.models, self.slo_s, settle_s=settle_s, since_s=since_s,
+                                        window_s=self.calibration_window_s)
         calibration = await asyncio.to_thread(self.policy.calibrate, self.layout.placement(), traffic, settle_s)
         if calibration is not None and self.paused:
             logger.info("placement controller (paused): service-time factor x%.3f", self.policy.service_scale)
@@ -410,10 +407,10 @@ class PlacementController:
         if rollout is None or now - rollout.end_s < settle_s:
             return None
         self.last_rollout = None
-        if rollout.start_s < now - self.calibration_window.window_s:
+        if rollout.start_s < now - self.calibration_window_s:
             return None
-        traffic = self.calibration_window.observed(now, self.models, self.slo_s, settle_s=now - rollout.end_s,
-                                                   since_s=rollout.start_s)
+        traffic = self.traffic.observed(now, self.models, self.slo_s, settle_s=now - rollout.end_s,
+                                        since_s=rollout.start_s, window_s=self.calibration_window_s)
         loading = await asyncio.to_thread(self.policy.calibrate_transition, rollout, traffic)
         if loading is not None:
             logger.info("placement controller: loading slowdown x%.2f fitted on %d requests of the last %d "
