@@ -6,8 +6,8 @@ half time. Each request embeds a batch of passages, so that its model compute ou
 (as on a GPU cluster) and a model hosted on one device is bounded by that device. Steps, side by side in one run:
 
 1. **Measure profiles** on the live system: one deployment hosting every model on both devices; lone requests
-   through the ingress and straight to a group replica give each model's service time and the ingress overhead;
-   timed rollout steps give each model's load time into running stage actors (a swap), the seconds to start new
+   through the ingress and straight to a group replica, the models in turn, give each model's service time and the
+   ingress overhead; timed rollout steps give each model's load time into running stage actors (a swap), the seconds to start new
    actors (an added model), the step's other seconds and how much slower the other group serves meanwhile (the
    controller prices rollouts with them); one device's closed-loop throughput with the other idle and at full load
    gives the host contention (the simulator's `host_contention_per_busy_device`: both devices share two cores). A
@@ -307,29 +307,46 @@ def token_ids_of_request() -> list[list[int]]:
     return load_text_tokenizer("package:all-minilm-l6-v2").encode(TEXTS)
 
 
+def in_turn(models: list[str], k: int) -> list[str]:
+    """The models in round `k` of an interleaved measurement: each once, the first rotating round by round."""
+    return models[k % len(models):] + models[:k % len(models)]
+
+
 async def profile_live(handle) -> tuple[dict[str, float], float, dict[int, float]]:
     """Per model: median service time of one request straight to a group replica; the median ingress overhead; and
     per batch size in PROFILED_BATCHES, a batch's service time over one request's (the engine batches the requests
-    queued for a model: several requests' passages in one call, median over the models)."""
+    queued for a model: several requests' passages in one call, median over the models).
+
+    The models' requests are interleaved (one of each in turn, the first rotating round by round), so that a drift
+    of the VM's speed while profiling falls on every model alike. Measured one model after the other (until
+    2026-11-26 18:40), the three copies of the same MiniLM differed by up to 31% within a run (minilm-a 83 ms,
+    minilm-c 103 ms at 18:09), and the controller's online refit, one factor for every model, kept that difference:
+    its simulator was slower than the live system wherever minilm-c dominated and faster wherever minilm-a did."""
     from ray import serve
 
     token_ids = token_ids_of_request()
     group = serve.get_deployment_handle("group-0", app_name="plexserve")
-    service, overhead, ratios = {}, [], {b: [] for b in PROFILED_BATCHES}
     for model in MODELS:
         for _ in range(3):  # warm-up
             await handle.embed.remote(model, TEXTS)
-        direct = [await timed(group.embed_token_ids.remote(model, token_ids)) for _ in range(PROFILE_REQUESTS)]
-        through = [await timed(handle.embed.remote(model, TEXTS)) for _ in range(PROFILE_REQUESTS)]
-        service[model] = float(np.median(direct))
-        overhead.append(float(np.median(through)) - service[model])
-        for b in PROFILED_BATCHES:
-            batched = [await timed(group.embed_token_ids.remote(model, token_ids * b))
-                       for _ in range(PROFILE_BATCH_REQUESTS)]
-            ratios[b].append(float(np.median(batched)) / service[model])
+    direct: dict[str, list[float]] = {m: [] for m in MODELS}
+    through: dict[str, list[float]] = {m: [] for m in MODELS}
+    batched: dict[tuple[str, int], list[float]] = {(m, b): [] for m in MODELS for b in PROFILED_BATCHES}
+    for k in range(PROFILE_REQUESTS):
+        for model in in_turn(MODELS, k):
+            direct[model].append(await timed(group.embed_token_ids.remote(model, token_ids)))
+            through[model].append(await timed(handle.embed.remote(model, TEXTS)))
+    for k in range(PROFILE_BATCH_REQUESTS):
+        for model in in_turn(MODELS, k):
+            for b in PROFILED_BATCHES:
+                batched[model, b].append(await timed(group.embed_token_ids.remote(model, token_ids * b)))
+    service = {m: float(np.median(direct[m])) for m in MODELS}
+    overhead = [float(np.median(through[m])) - service[m] for m in MODELS]
+    ratios = {b: [float(np.median(batched[m, b])) / service[m] for m in MODELS] for b in PROFILED_BATCHES}
+    for k, model in enumerate(MODELS):
         log.info("profile %s: %.1f ms in the group, %.1f ms through the ingress; batches of %s: x%s", model,
-                 1e3 * service[model], 1e3 * np.median(through), list(PROFILED_BATCHES),
-                 [round(ratios[b][-1], 2) for b in PROFILED_BATCHES])
+                 1e3 * service[model], 1e3 * np.median(through[model]), list(PROFILED_BATCHES),
+                 [round(ratios[b][k], 2) for b in PROFILED_BATCHES])
     batch_ratio = {1: 1.0, **{b: float(np.median(r)) for b, r in ratios.items()}}
     return service, max(0.0, float(np.median(overhead))), batch_ratio
 
