@@ -92,14 +92,15 @@ class TrafficWindow:
                              f"window keeps)")
         return window_s
 
-    def _recent(self, now_s: float) -> list[RequestRecord]:
+    def _since(self, now_s: float, start_s: float) -> list[RequestRecord]:
+        """The records that arrived at `start_s` or later, by arrival time (only those are sorted: the shift test
+        asks for its last two windows every second of a store that may hold an allocation period)."""
         self.trim(now_s)
-        return sorted(self.records, key=lambda r: r.arrival_s)
+        return sorted((r for r in self.records if r.arrival_s >= start_s), key=lambda r: r.arrival_s)
 
     def recent(self, now_s: float, window_s: float | None = None) -> list[RequestRecord]:
         """The records of the last `window_s` seconds (default: the whole window), by arrival time."""
-        start = now_s - self._lookback_s(window_s)
-        return [r for r in self._recent(now_s) if r.arrival_s >= start]
+        return self._since(now_s, now_s - self._lookback_s(window_s))
 
     def observed(self, now_s: float, model_names: Sequence[str], slo_s: Sequence[float],
                  settle_s: float = 0.0, since_s: float | None = None, window_s: float | None = None) -> ObservedTraffic:
@@ -113,8 +114,7 @@ class TrafficWindow:
         start = start if since_s is None else max(start, since_s)
         if not 0 <= settle_s < now_s - start:
             raise ValueError(f"settle_s={settle_s}: must be in [0, {now_s - start:g}) (the window's seconds)")
-        recent = [r for r in self._recent(now_s)
-                  if r.arrival_s >= start and (r.arrival_s < now_s - settle_s or settle_s == 0)]
+        recent = [r for r in self._since(now_s, start) if r.arrival_s < now_s - settle_s or settle_s == 0]
         arrivals = [np.array([r.arrival_s - start for r in recent if r.model == name]) for name in model_names]
         latencies = [np.array([r.latency_ms / 1000.0 if r.outcome == "ok" and r.latency_ms is not None else np.nan
                                for r in recent if r.model == name]) for name in model_names]
@@ -134,7 +134,7 @@ class TrafficWindow:
 
     def length_histogram(self, now_s: float, model: str) -> list[int]:
         """Requests per input-length bin (LENGTH_BIN_EDGES_TOKENS) of one model."""
-        lengths = [r.input_tokens for r in self._recent(now_s) if r.model == model]
+        lengths = [r.input_tokens for r in self.recent(now_s) if r.model == model]
         edges = [*LENGTH_BIN_EDGES_TOKENS, np.inf]
         return np.histogram(lengths, bins=edges)[0].astype(int).tolist()
 
@@ -162,8 +162,8 @@ def detect_rate_shifts(window: TrafficWindow, now_s: float, model_names: Sequenc
         raise ValueError(f"window_s={window_s}: must be > 0 and two windows must fit the traffic window "
                          f"({window.window_s} s)")
     counts = {name: [0, 0] for name in model_names}
-    for record in window._recent(now_s):
-        if record.model in counts and record.arrival_s >= now_s - 2 * window_s:
+    for record in window.recent(now_s, 2 * window_s):
+        if record.model in counts:
             counts[record.model][int(record.arrival_s >= now_s - window_s)] += 1
     shifts = []
     for name, (n1, n2) in counts.items():
