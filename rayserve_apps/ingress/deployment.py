@@ -53,6 +53,7 @@ from rayserve_apps.edge.schemas import (
     json_body,
 )
 from rayserve_apps.ingress.backends import Backend, GroupBackend, ModelDeploymentBackend, ModelRouterBackend
+from rayserve_apps.ingress.request_clock import Received, received_at, receiving
 from rayserve_apps.ingress.traffic_reporter import TrafficReporter
 from rayserve_apps.requests import (
     ImageContract,
@@ -134,6 +135,7 @@ class Ingress:
     # ---- Python API (also what the HTTP routes call) ----
 
     async def embed(self, model: str, texts: list[str]) -> dict[str, Any]:
+        received = received_at()
         spec = find_model(self.spec, model, "text")
         texts = check_texts({"texts": texts}, self.spec.serving.max_items_per_request)
         tokenizer, limit = self.tokenizers[model], self.text_limits[model]
@@ -142,12 +144,13 @@ class Ingress:
             check_token_counts([len(ids) for ids in token_ids], limit, model)
         else:
             token_ids = tokenizer.encode(texts, truncate_to=limit)
-        rows = await self._call(spec, "embed_token_ids", token_ids)
+        rows = await self._call(spec, "embed_token_ids", token_ids, received=received)
         return {"model": model, "embeddings": embedding_lists(rows)}
 
     async def classify(self, model: str, images: Any, dtype: str = "float32", task: str | None = None,
                        slo_ms: float | None = None, utility: float | None = None) -> dict[str, Any]:
         """Classify images; `task`, `slo_ms` and `utility` describe the query to a token-adaptation (OTAS) model."""
+        received = received_at()
         spec = find_model(self.spec, model, "vision")
         contract = ImageContract(spec.in_chans, spec.image_size_px or 224, spec.image_size_px or 224)
         body = {"images": images, "dtype": dtype, "task": task, "slo_ms": slo_ms, "utility": utility}
@@ -155,7 +158,7 @@ class Ingress:
         options = check_query_options(body)
         kwargs = {"task_id": options.get("task"), "slo_ms": options.get("slo_ms"), "utility": options.get("utility")}
         predictions = await self._call(spec, "classify", array, {k: v for k, v in kwargs.items() if v is not None},
-                                       slo_ms=options.get("slo_ms"))
+                                       slo_ms=options.get("slo_ms"), received=received)
         return {"model": model, "predictions": predictions}
 
     def list_models(self) -> dict[str, Any]:
@@ -177,11 +180,13 @@ class Ingress:
         return {"decisions": await self.controller.history.remote(limit)}
 
     async def _call(self, spec: ModelSpec, method: str, payload: Any, options: dict[str, Any] | None = None,
-                    slo_ms: float | None = None) -> Any:
+                    slo_ms: float | None = None, received: Received | None = None) -> Any:
         """Send to the backend with the SLO (the request's, else the model's) as deadline; count outcomes and
-        SLO attainment (on the model's SLO, refused requests included: `edge/attainment.py`)."""
-        start = time.monotonic()
-        arrival = time.time()
+        SLO attainment (on the model's SLO, refused requests included: `edge/attainment.py`). The deadline and the
+        latency count from when the ingress received the request (`received`, else `request_clock.received_at()`),
+        not from this call."""
+        received = received or received_at()
+        start, arrival = received.monotonic_s, received.wall_s
         model = spec.name
         slo_ms = spec.slo_ms if slo_ms is None else slo_ms
         tokens = max((len(ids) for ids in payload), default=0) if method == "embed_token_ids" else 0
@@ -225,7 +230,8 @@ class Ingress:
     # ---- HTTP ----
 
     async def _answer(self, request: Request, call: Callable[[dict[str, Any]], Awaitable[Any]]) -> Response:
-        return await answer(request, self.spec.serving.max_request_bytes, call)
+        with receiving():  # the request's clock starts before its body is read
+            return await answer(request, self.spec.serving.max_request_bytes, call)
 
     @app.post("/v1/models/{name}/embed", response_model=EmbedResponse, responses=ERROR_RESPONSES,
               openapi_extra=json_body(EmbedRequest))
@@ -300,4 +306,5 @@ class Ingress:
 
     @app.post("/v2/models/{name}/infer", responses=ERROR_RESPONSES, openapi_extra=json_body(kserve.InferRequest))
     async def http_v2_infer(self, name: str, request: Request) -> Response:
-        return await guarded(kserve.infer(self, name, request))
+        with receiving():
+            return await guarded(kserve.infer(self, name, request))
