@@ -5,9 +5,15 @@ that have not come back). Per (group, model) it estimates the service time as th
 requests' measurements (robust to one stalled request; none before `MIN_LATENCY_SAMPLES` answers, since the
 first answer after a start or a rebuild includes the model's warm-up), and an idle group with a stale estimate
 gets one request as a probe. A queue depth at which requests met their deadlines in the last
-`PROVEN_DEPTH_WINDOW_S` is admitted without the estimate (`GroupState.proven`). For each request it builds the
-same `placement.alpaserve.dispatch.GroupView`s the simulator builds and asks the same policy object; `None` means
-no group hosting the model can finish the request within its SLO, and the ingress answers 503 at once.
+`PROVEN_DEPTH_WINDOW_S` is admitted without the estimate (`GroupState.proven`). For each request it builds
+`placement.alpaserve.dispatch.GroupView`s and asks the policy object the simulator asks; `None` means no group
+hosting the model can finish the request within its SLO, and the ingress answers 503 at once.
+
+The views differ in one respect: here a request's predicted finish counts every request in flight ahead of it, while
+the batching simulator's counts only the batch running (its batch former drops later what can no longer finish).
+Neither side did better with the other's rule (2026-11-27, `benchmarks/fidelity_history.md`): the groups' engines
+cannot drop at a batch's start as exactly as the simulator's batch former does, and the simulator's service-time
+factor absorbs the difference.
 """
 
 from __future__ import annotations
