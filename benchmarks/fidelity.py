@@ -898,7 +898,7 @@ async def controller_trace(handle, controller, profile_sets: dict, transition, s
         "loading_slowdown_at_moves": [d.get("loading_slowdown") for d in applied],
         "loading_slowdown_fits": [d["loading_calibration"]["slowdown"] for d in decisions
                                   if "loading_calibration" in d],
-        "decisions": [{"trigger": d.get("trigger"), "chosen": d.get("chosen"),
+        "decisions": [{"trigger": d.get("trigger"), "chosen": d.get("chosen"), "fit_window_s": d.get("fit_window_s"),
                        "in_sample_choice": d.get("in_sample_choice"),
                        "outcome": d.get("outcome"), "at_s": round(d["time_s"] - dynamic["start_wall"], 1),
                        "reason": d.get("reason")} for d in decisions],

@@ -316,3 +316,67 @@ def test_a_shift_found_within_the_cool_down_triggers_the_decision_when_the_cool_
     assert trigger.poll(found(49.4), 62.0) == [] and trigger.poll([], 63.0, due=True) == found(49.4)
     with pytest.raises(ValueError, match="cooldown_s"):
         ShiftTrigger(cooldown_s=-1.0, last_decision_s=0.0)
+
+
+def test_the_change_point_of_a_detected_shift_is_estimated_from_the_arrivals():
+    """Issue 18 (react within one period): the shift test says that a rate changed; `estimate_change_s` says when, so
+    that the decision fits the seconds since then. c goes from 2 to 12 requests/s at 45 s; a stays at 4."""
+    from placement.core.traffic_window import estimate_change_s
+
+    arrivals = {"c": [k / 2 for k in range(90)] + [45.0 + k / 12 for k in range(15 * 12)],
+                "a": [k / 4 for k in range(240)]}
+    for now_s in (47.5, 48.0, 50.0):
+        window = TrafficWindow(window_s=20.0)
+        window.add(RequestRecord(m, t, "ok") for m, times in arrivals.items() for t in times if t < now_s)
+        change = estimate_change_s(window, now_s, ["c"], lookback_s=10.0, min_side_s=0.5)
+        assert change == pytest.approx(45.0, abs=0.25), now_s
+        # The steady model adds no evidence of its own: the estimate stands with it.
+        assert estimate_change_s(window, now_s, ["c", "a"], 10.0, 0.5) == pytest.approx(45.0, abs=0.25)
+    assert estimate_change_s(window, 50.0, ["b"], 10.0, 0.5) is None  # no record of b
+    with pytest.raises(ValueError, match="min_side_s"):
+        estimate_change_s(window, 50.0, ["c"], lookback_s=1.0, min_side_s=0.5)
+
+
+def test_a_shift_waits_for_min_fit_s_since_its_change_and_its_decision_fits_the_seconds_since():
+    """Issue 18 (react within one period): a shift found 1 s after its change triggers no decision until 3 s of
+    traffic since the change exist (unless one is due anyway); the decision and its looks fit the seconds since the
+    change, at least min_fit_s and at most their own window."""
+    shift = {"model": "c", "before_per_s": 2.0, "after_per_s": 12.0}
+    trigger = ShiftTrigger(cooldown_s=5.0, last_decision_s=40.0, min_fit_s=3.0)
+    assert trigger.poll([shift], 46.0, change_s=45.0) == []  # 1 s since the change
+    assert trigger.poll([], 47.0) == []
+    assert trigger.poll([], 48.0) == [shift]  # 3 s since it
+    assert trigger.fit_window_s(48.0, longest_s=5.0) == pytest.approx(3.0)
+    trigger.decided(48.0)
+    assert trigger.fit_window_s(53.0, longest_s=10.0) == pytest.approx(8.0)  # the look after it, 5 s later
+    assert trigger.fit_window_s(70.0, longest_s=10.0) == 10.0
+    trigger.decided(60.0)
+    assert trigger.poll([shift], 61.0, change_s=60.5) == []  # within the cool-down, and too recent
+    assert trigger.poll([], 62.0, due=True) == [shift]  # a period falling due decides at once
+    assert trigger.fit_window_s(62.0, longest_s=5.0) == 3.0  # on min_fit_s: what there is, and a little before
+    trigger.forget()
+    assert trigger.change_s is None and trigger.fit_window_s(100.0, 5.0) is None
+    unknown = ShiftTrigger(cooldown_s=5.0, last_decision_s=0.0, min_fit_s=3.0)
+    assert unknown.poll([shift], 10.0) == [shift]  # no change time: the shift test's own window
+    with pytest.raises(ValueError, match="min_fit_s"):
+        ShiftTrigger(cooldown_s=5.0, last_decision_s=0.0, min_fit_s=-1.0)
+
+
+def test_a_decision_on_the_seconds_since_the_change_fits_the_new_rate_and_moves():
+    """Issue 18 (react within one period): 2.5 s after a's rate rose from 1 to 16 requests/s (one device serves 10),
+    the 5 s window (half of it before the change) fits a rate its group serves; the 2.5 s since the change fit the
+    new rate, and the decision on them moves by a gain that needs no confirmation on the longer window."""
+    observed = ObservedTraffic(MODELS, [np.sort(np.concatenate([poisson(1.0, 7.5, 1), 7.5 + poisson(16.0, 2.5, 2)])),
+                                        poisson(1.0, 10.0, 3), poisson(1.0, 10.0, 4)], 10.0, [SLO_S] * 3)
+    replan = policy(fit_window_s=10.0)
+    since = replan.fit(observed, fit_window_s=2.5)[0]
+    assert since["a"].rate_per_s == pytest.approx(16.0, rel=0.3)
+    assert since["a"].rate_per_s == pytest.approx(np.sum(observed.arrival_s[0] >= 7.5) / 2.5)
+    # A window that does not divide the observation is its last seconds all the same (until 2026-11-27 the fit cut
+    # the observation into windows from its start, and the last 3 s window of 10 s was its last second).
+    assert replan.fit(observed, fit_window_s=3.0)[0]["a"].rate_per_s == pytest.approx(
+        np.sum(observed.arrival_s[0] >= 7.0) / 3.0)
+    straddling = replan.fit(observed, fit_window_s=5.0)[0]
+    assert straddling["a"].rate_per_s < 0.6 * since["a"].rate_per_s and straddling["a"].rate_per_s < 10.0
+    decision = replan.decide(one_per_device(), observed, fit_window_s=2.5)
+    assert decision.chosen != "keep" and decision.predicted_gain >= replan.shift_confirm_below_gain

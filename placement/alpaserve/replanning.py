@@ -257,9 +257,14 @@ class ReplanPolicy:
 
     def fit(self, traffic: ObservedTraffic,
             fit_window_s: float | None = None) -> tuple[dict[str, ModelTrafficFit], np.ndarray, np.ndarray]:
-        """Rate and CV per model in the observation's last window of `fit_window_s` (default: the policy's)."""
+        """Rate and CV per model in the observation's last `fit_window_s` seconds (default: the policy's), the window
+        ending where the observation ends (a window that does not divide the observation, such as the seconds since
+        a detected change, is still a whole one)."""
         window_s = min(fit_window_s or self.fit_window_s, traffic.duration_s)
-        fitted = fit_arrivals(traffic.model_names, traffic.arrival_s, window_s, traffic.duration_s)
+        start_s = traffic.duration_s - window_s
+        arrivals = [np.asarray(a, dtype=float) for a in traffic.arrival_s]
+        last = [a[a >= start_s] - start_s for a in arrivals]
+        fitted = fit_arrivals(traffic.model_names, last, window_s, window_s)
         rates, cvs = fitted.rates[:, -1], fitted.cvs[:, -1]
         fits = {name: ModelTrafficFit(rate_per_s=float(rates[m]), cv=float(cvs[m]), requests=len(traffic.arrival_s[m]))
                 for m, name in enumerate(traffic.model_names)}

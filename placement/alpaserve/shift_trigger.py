@@ -15,6 +15,21 @@ Pausing or resuming the controller forgets the pending shifts (`forget`): a shif
 placement is no reason for a decision when it resumes (in a fidelity run of 2026-11-25 12:03 the controller resumed
 after a static run and a warm-up with a shift decision at 0.1 s on a shift found before them).
 
+**The decision fits the traffic since the change** (2026-11-27). With each shift found, the controller passes when
+the rates changed (`change_s`: `placement.core.traffic_window.estimate_change_s`); the shift triggers no decision
+before `min_fit_s` seconds of traffic since that change exist (unless a decision is due anyway), and the decision
+and the looks after it fit the seconds since the change (`fit_window_s`). Until then the shift decision fitted the
+test's later window, 5 s, whatever the change's time: a decision 1-4 s after the change fitted a window that was
+partly before it and kept, and the move came with the next decision 5 s later. Replayed offline through the
+controller's poll loop (shift test, change estimate, trigger, cool-down, looks, period; each request reported 0.5 s
+after it ended) on the records of 17 fidelity runs (51 traces, 2026-11-26 20:53 to 2026-11-27 08:55; a one-off
+script), the first move after the shift was decided 6.5 s after it on average against 7.9 s (8 s or later in 23
+traces against 34; earlier in 17, later in 8 by 1-2 s: there the decisions fell at other moments, and one taken
+2-4 s after the change that still found no move put the next one behind the cool-down), and none of the 574
+decisions before the shifts moved (none of 578 before). Letting a change newer than the last decision skip the
+cool-down was earlier on average (6.4 s) but later by up to 9 s in two traces and missed the move in one: not
+adopted.
+
 Plain data, no clock of its own: the controller passes the times (`time.monotonic()` seconds, as to
 `shift_looks.ShiftLooks`).
 """
@@ -32,24 +47,44 @@ class ShiftTrigger:
     cooldown_s: float  # seconds after a decision before a shift may trigger another (`controller.cooldown_s`)
     last_decision_s: float  # when the last group decision was taken
     pending: list[dict[str, Any]] = field(default_factory=list)  # shifts found since then, not yet answered
+    #: Seconds of traffic since the change before a shift triggers a decision (`controller.shift_min_fit_s`).
+    min_fit_s: float = 0.0
+    #: When the rates last changed, as estimated with the last shift found; None: unknown (kept after the decision
+    #: that answers it: the looks after that decision fit the seconds since it too).
+    change_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.cooldown_s < 0:
             raise ValueError(f"cooldown_s={self.cooldown_s}: must be >= 0")
+        if self.min_fit_s < 0:
+            raise ValueError(f"min_fit_s={self.min_fit_s}: must be >= 0")
 
-    def poll(self, shifts: list[dict[str, Any]], now_s: float, due: bool = False) -> list[dict[str, Any]]:
-        """The shifts a group decision at `now_s` should answer: those the test found now (`shifts`) or earlier
-        within the cool-down, once the cool-down has ended, or at once when a decision is `due` anyway; empty: no
-        shift decision now."""
+    def poll(self, shifts: list[dict[str, Any]], now_s: float, due: bool = False,
+             change_s: float | None = None) -> list[dict[str, Any]]:
+        """The shifts a group decision at `now_s` should answer: those the test found now (`shifts`, the rates having
+        changed at `change_s` if known) or earlier within the cool-down, once the cool-down has ended and `min_fit_s`
+        seconds have passed since the change, or at once when a decision is `due` anyway; empty: no shift decision
+        now."""
         if shifts:
-            self.pending = list(shifts)
-        if self.pending and (due or now_s - self.last_decision_s >= self.cooldown_s):
+            self.pending, self.change_s = list(shifts), change_s
+        if not self.pending:
+            return []
+        settled = self.change_s is None or now_s - self.change_s >= self.min_fit_s
+        if due or (settled and now_s - self.last_decision_s >= self.cooldown_s):
             return self.pending
         return []
 
+    def fit_window_s(self, now_s: float, longest_s: float) -> float | None:
+        """Seconds of traffic a decision at `now_s` fits: those since the change, at least `min_fit_s` and at most
+        `longest_s`; None when no change is known (the caller's own window)."""
+        if self.change_s is None:
+            return None
+        return min(max(now_s - self.change_s, self.min_fit_s), longest_s)
+
     def forget(self) -> None:
-        """The controller was paused or resumed: the shifts found before trigger nothing."""
+        """The controller was paused or resumed: the shifts found before (and their change) trigger nothing."""
         self.pending = []
+        self.change_s = None
 
     def decided(self, now_s: float) -> None:
         """A group decision (of any trigger) was taken at `now_s`: it answers the pending shifts and starts the

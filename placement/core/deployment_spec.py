@@ -216,6 +216,10 @@ class ControllerSpec(_Strict):
                                          "until 2026-11-25).")
     shift_window_s: float = Field(default=5.0, gt=0,
                                   description="Seconds of each of the two windows the shift test compares.")
+    shift_min_fit_s: float = Field(default=3.0, gt=0,
+                                   description="Seconds of traffic since a detected shift's estimated change before "
+                                               "it triggers a decision; the decision fits the seconds since the "
+                                               "change (at least these, at most shift_window_s).")
     shift_z: float = Field(default=4.0, gt=0,
                            description="Standardised rate difference (Poisson z score) that counts as a shift.")
     shift_min_ratio: float = Field(default=1.5, gt=1,

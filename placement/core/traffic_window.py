@@ -174,3 +174,42 @@ def detect_rate_shifts(window: TrafficWindow, now_s: float, model_names: Sequenc
         if abs(z) >= z_threshold and ratio >= min_ratio:
             shifts.append(RateShift(name, n1 / window_s, n2 / window_s, float(z)))
     return shifts
+
+
+#: Step, seconds, of the candidate change times `estimate_change_s` scores.
+CHANGE_GRID_S = 0.1
+
+
+def estimate_change_s(window: TrafficWindow, now_s: float, model_names: Sequence[str], lookback_s: float,
+                      min_side_s: float) -> float | None:
+    """When the rates of `model_names` changed within the last `lookback_s` seconds (a plexserve addition, for the
+    decision after a detected shift): the maximum-likelihood single change point of piecewise-constant Poisson rates,
+    one rate per model before and one after, scored every CHANGE_GRID_S seconds at least `min_side_s` from either end
+    of the lookback (wall clock, as the records' arrivals). None without a record of those models in it.
+
+    With rates r1 = n1 / t1 before and r2 = n2 / t2 after a candidate time, each model's log-likelihood is
+    n1 log r1 + n2 log r2 - (n1 + n2) (the last term does not depend on the split); the candidate with the largest
+    sum over the models wins. The two-window test (`detect_rate_shifts`) says that the rate changed; this says
+    when, so that the decision fits the traffic since then and neither waits for a whole window of it nor fits a
+    window that straddles the change."""
+    if lookback_s <= 2 * min_side_s or min_side_s < 0:
+        raise ValueError(f"lookback_s={lookback_s}, min_side_s={min_side_s}: the lookback must be longer than "
+                         "twice min_side_s (>= 0)")
+    start = now_s - lookback_s
+    wanted = set(model_names)
+    arrivals: dict[str, list[float]] = {name: [] for name in wanted}
+    for record in window.recent(now_s, lookback_s):
+        if record.model in wanted:
+            arrivals[record.model].append(record.arrival_s)
+    per_model = [np.sort(np.asarray(a)) for a in arrivals.values() if a]
+    if not per_model:
+        return None
+    candidates = np.arange(start + min_side_s, now_s - min_side_s + 1e-9, CHANGE_GRID_S)
+    log_likelihood = np.zeros(len(candidates))
+    for times in per_model:
+        before = np.searchsorted(times, candidates).astype(float)
+        after = len(times) - before
+        for count, seconds in ((before, candidates - start), (after, now_s - candidates)):
+            with np.errstate(divide="ignore", invalid="ignore"):
+                log_likelihood += np.where(count > 0, count * np.log(count / seconds), 0.0)
+    return float(candidates[int(np.argmax(log_likelihood))])

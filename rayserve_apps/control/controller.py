@@ -24,11 +24,12 @@ Between two periods a two-window rate test on the reported traffic (`detect_rate
 early (trigger 'shift' in the log), at most once per `cooldown_s` after the last decision (the test runs within the
 cool-down too: a shift it finds there triggers the decision when the cool-down ends; a period or a look falling due
 while a shift is found is taken as a shift decision; `placement.alpaserve.shift_trigger`). Such a decision judges
-the candidates on the traffic since the shift (the test's later window), not on the whole period; a move predicted
+the candidates on the traffic since the shift, not on the whole period: the seconds since the change's estimated
+time (`estimate_change_s`; at least `shift_min_fit_s`, which it waits for, at most a shift window). A move predicted
 below `shift_confirm_below_gain` there must also be confirmed by the policy's longer fit. If it keeps (its move not
 confirmed, or no move worth `min_gain` in the few seconds since the shift), it gets up to `shift_looks` (2) more
-decisions, a shift window apart, each on the last two shift windows (trigger 'shift_recheck';
-`placement.alpaserve.shift_looks`).
+decisions, a shift window apart, each on the last two shift windows or the seconds since the change if fewer
+(trigger 'shift_recheck'; `placement.alpaserve.shift_looks`).
 
 Runtime allocation (each text model with `policies.polymorphing: {name: arlo}` outside the groups; Arlo §3.3):
 `runtime_allocations.py` re-solves the model's runtime counts from the input lengths of its last allocation period
@@ -61,7 +62,7 @@ from placement.core.calibration_settings import calibration_settle_s
 from placement.core.deployment_spec import DeploymentSpec, parse_spec
 from placement.core.placement_plan import GroupPlacement, Placement
 from placement.core.profiles import ParallelConfig
-from placement.core.traffic_window import RequestRecord, TrafficWindow, detect_rate_shifts
+from placement.core.traffic_window import RequestRecord, TrafficWindow, detect_rate_shifts, estimate_change_s
 from rayserve_apps import metrics
 from rayserve_apps.contracts import (
     APP_NAME,
@@ -82,6 +83,9 @@ STEP_TIMEOUT_S = 300.0
 STEP_POLL_S = 0.25
 #: Seconds between two rate-shift tests within a period.
 SHIFT_POLL_S = 1.0
+#: Seconds a shift's estimated change keeps from either end of the shift test's two windows (`estimate_change_s`;
+#: at most a quarter of a window).
+CHANGE_MIN_SIDE_S = 0.5
 
 
 def layout_from_overrides(spec: DeploymentSpec, overrides: list[dict[str, Any]],
@@ -137,7 +141,8 @@ class PlacementController:
         self.routes = self.layout.routes()
         self.recovered = self._read_state()
         #: The shifts found since the last group decision (time.monotonic() seconds; the cool-down counts from it).
-        self.shift_trigger = ShiftTrigger(self.settings.cooldown_s or self.settings.period_s / 2, time.monotonic())
+        self.shift_trigger = ShiftTrigger(self.settings.cooldown_s or self.settings.period_s / 2, time.monotonic(),
+                                          min_fit_s=self.settings.shift_min_fit_s)
         #: Wall-clock time the last rollout ended (its window does not calibrate the service times).
         self.layout_changed_s = 0.0
         #: Wall-clock time of the last calibration restart (`apply_placement(..., restart_calibration=True)`): the
@@ -244,20 +249,27 @@ class PlacementController:
                 if period_due:
                     return []
                 continue
-            found = detect_rate_shifts(self.traffic, time.time(), self.models, self._shift_window_s(),
+            now_wall, now_s = time.time(), time.monotonic()
+            found = detect_rate_shifts(self.traffic, now_wall, self.models, self._shift_window_s(),
                                        self.settings.shift_z, self.settings.shift_min_ratio,
                                        self.settings.shift_min_requests)  # within the cool-down too
-            look_window_s = self.shift_looks.take_due(time.monotonic())  # taken even if the look fails
-            shifts = self.shift_trigger.poll([s.to_json() for s in found], time.monotonic(),
-                                             due=period_due or look_window_s is not None)
+            # When the rates changed, on the trigger's clock (the records' arrivals are wall clock).
+            change_wall = (estimate_change_s(self.traffic, now_wall, [s.model for s in found],
+                                             2 * self._shift_window_s(),
+                                             min(CHANGE_MIN_SIDE_S, self._shift_window_s() / 4)) if found else None)
+            look_window_s = self.shift_looks.take_due(now_s)  # taken even if the look fails
+            shifts = self.shift_trigger.poll([s.to_json() for s in found], now_s,
+                                             due=period_due or look_window_s is not None,
+                                             change_s=None if change_wall is None else now_s - (now_wall - change_wall))
             if period_due:
                 return shifts
             try:
                 if shifts:
                     await self._shift_decision(shifts)
                 elif look_window_s is not None:
-                    await self._logged("shift_recheck", lambda: self._decide_and_apply(fit_window_s=look_window_s,
-                                                                                        look=True))
+                    # The look fits the seconds since the change, when it is known and more recent than its window.
+                    fit_s = self.shift_trigger.fit_window_s(time.monotonic(), look_window_s) or look_window_s
+                    await self._logged("shift_recheck", lambda: self._decide_and_apply(fit_window_s=fit_s, look=True))
                 else:
                     continue
             except Exception:  # noqa: BLE001 - one failed decision must not stop the controller
@@ -265,10 +277,11 @@ class PlacementController:
             deadline = time.monotonic() + self.settings.period_s
 
     async def _shift_decision(self, shifts: list[dict[str, Any]]) -> dict[str, Any]:
-        """A group decision on the traffic since a detected rate shift; returns the logged decision."""
-        logger.info("placement controller: rate shift %s: deciding now", shifts)
-        return await self._logged("shift", lambda: self._decide_and_apply(shifts=shifts,
-                                                                          fit_window_s=self._shift_window_s()))
+        """A group decision on the traffic since a detected rate shift (the seconds since its estimated change, at
+        most a shift window); returns the logged decision."""
+        fit_s = self.shift_trigger.fit_window_s(time.monotonic(), self._shift_window_s()) or self._shift_window_s()
+        logger.info("placement controller: rate shift %s: deciding now on the last %.1f s", shifts, fit_s)
+        return await self._logged("shift", lambda: self._decide_and_apply(shifts=shifts, fit_window_s=fit_s))
 
     async def replan_now(self) -> dict[str, Any]:
         """Decide (and apply) now instead of at the end of the period; returns the logged decision."""
@@ -352,6 +365,8 @@ class PlacementController:
                                                  "transition_s": c.transition_s, "move": c.move,
                                                  "groups": _describe(c.placement)} for c in decision.candidates]}
         entry["service_scale"] = self.policy.service_scale
+        if fit_window_s is not None:
+            entry["fit_window_s"] = fit_window_s  # the seconds since a shift (its change) the candidates were fitted on
         if calibration is not None:
             entry["service_calibration"] = calibration.to_json()
         if self.policy.transition is not None:
