@@ -355,9 +355,10 @@ def test_a_shift_waits_for_min_fit_s_since_its_change_and_its_decision_fits_the_
     assert trigger.poll([], 62.0, due=True) == [shift]  # a period falling due decides at once
     assert trigger.fit_window_s(62.0, longest_s=5.0) == 3.0  # on min_fit_s: what there is, and a little before
     trigger.forget()
-    assert trigger.change_s is None and trigger.fit_window_s(100.0, 5.0) is None
+    assert trigger.change_s is None and trigger.fit_window_s(100.0, 5.0) == 5.0  # no change known: the whole window
     unknown = ShiftTrigger(cooldown_s=5.0, last_decision_s=0.0, min_fit_s=3.0)
     assert unknown.poll([shift], 10.0) == [shift]  # no change time: the shift test's own window
+    assert unknown.fit_window_s(10.0, longest_s=5.0) == 5.0
     with pytest.raises(ValueError, match="min_fit_s"):
         ShiftTrigger(cooldown_s=5.0, last_decision_s=0.0, min_fit_s=-1.0)
 

@@ -74,11 +74,11 @@ class ShiftTrigger:
             return self.pending
         return []
 
-    def fit_window_s(self, now_s: float, longest_s: float) -> float | None:
+    def fit_window_s(self, now_s: float, longest_s: float) -> float:
         """Seconds of traffic a decision at `now_s` fits: those since the change, at least `min_fit_s` and at most
-        `longest_s`; None when no change is known (the caller's own window)."""
+        `longest_s` (the decision's own window, all of it when no change is known)."""
         if self.change_s is None:
-            return None
+            return longest_s
         return min(max(now_s - self.change_s, self.min_fit_s), longest_s)
 
     def forget(self) -> None:

@@ -201,7 +201,7 @@ def estimate_change_s(window: TrafficWindow, now_s: float, model_names: Sequence
     for record in window.recent(now_s, lookback_s):
         if record.model in wanted:
             arrivals[record.model].append(record.arrival_s)
-    per_model = [np.sort(np.asarray(a)) for a in arrivals.values() if a]
+    per_model = [np.asarray(a) for a in arrivals.values() if a]  # sorted: `recent` returns them by arrival time
     if not per_model:
         return None
     candidates = np.arange(start + min_side_s, now_s - min_side_s + 1e-9, CHANGE_GRID_S)

@@ -268,7 +268,7 @@ class PlacementController:
                     await self._shift_decision(shifts)
                 elif look_window_s is not None:
                     # The look fits the seconds since the change, when it is known and more recent than its window.
-                    fit_s = self.shift_trigger.fit_window_s(time.monotonic(), look_window_s) or look_window_s
+                    fit_s = self.shift_trigger.fit_window_s(time.monotonic(), look_window_s)
                     await self._logged("shift_recheck", lambda: self._decide_and_apply(fit_window_s=fit_s, look=True))
                 else:
                     continue
@@ -279,7 +279,7 @@ class PlacementController:
     async def _shift_decision(self, shifts: list[dict[str, Any]]) -> dict[str, Any]:
         """A group decision on the traffic since a detected rate shift (the seconds since its estimated change, at
         most a shift window); returns the logged decision."""
-        fit_s = self.shift_trigger.fit_window_s(time.monotonic(), self._shift_window_s()) or self._shift_window_s()
+        fit_s = self.shift_trigger.fit_window_s(time.monotonic(), self._shift_window_s())
         logger.info("placement controller: rate shift %s: deciding now on the last %.1f s", shifts, fit_s)
         return await self._logged("shift", lambda: self._decide_and_apply(shifts=shifts, fit_window_s=fit_s))
 
