@@ -11,7 +11,11 @@ half time. Each request embeds a batch of passages, so that its model compute ou
    new actors (an added model), the step's other seconds and how much slower the other group serves meanwhile (the
    controller prices rollouts with them); one device's closed-loop throughput with the other idle and at full load
    gives the host contention (the simulator's `host_contention_per_busy_device`: both devices share two cores). A
-   closed-loop probe with every device busy sets the capacity, hence the offered load and the SLO.
+   closed-loop probe with every device busy sets the capacity, hence the offered load and the SLO. Round trips from
+   this driver to the ingress and back (a call that does no work), lone and during that probe, give the part of a
+   request's latency that the ingress's records do not hold: the simulator's request overhead is the lone
+   requests' overhead with that round trip as long as under load, and the controller's refits leave the round trip
+   out (`controller.calibration.client_round_trip_ms`).
 2. **Deploy** the application with the placement the planner picks for the first half and the controller on (its
    profiles: the lone-request times, which it recalibrates online from the ingress's records every decision).
    **Calibration**: a trace of its own seed (never scored) replayed on that deployment; the lone-request times are
@@ -43,13 +47,14 @@ deployed), reaction_s (the shift at half time to the first re-placement applied 
 re-placement began, where trace and placement are the same) and real_repeat_speed_ratio_range (on the same
 requests, the controller run's 10th-percentile latency over the static run's, per trace: the machine's speed in one
 replay against the other), failed_accepted, unchanged_p99_ratio (step 6),
-host_contention_probe (step 1's throughputs and the host's busy CPU share with one and with both devices at full
-load), send_lag_p99_ms_max (how late this driver sent requests against the trace's times, worst p99 of the replays),
-and per trace its figures (among them host_cpu_busy_share: the host's busy CPU share in each half of the
-static run, and in the controller run before the shift and after its move), decisions and re-placements. A PNG
-timeline (rate per model, attainment per window, real and simulated through the rollouts, re-placements) goes to
-benchmarks/out/fidelity.png, every replayed request with the placements and factors in force to
-benchmarks/out/fidelity_records.json (to score other simulator settings offline).
+host_contention_probe (step 1's throughputs and the host's busy CPU share with one and with both devices at full load),
+client_round_trip_ms (this driver to the ingress and back: lone, at full load, and during step 2's replay at the traces'
+load) and request_overhead_ms (the simulator's), send_lag_p99_ms_max (how late this driver sent requests against the
+trace's times, worst p99 of the replays), and per trace its figures (among them host_cpu_busy_share: the host's busy CPU
+share in each half of the static run, and in the controller run before the shift and after its move), decisions and
+re-placements. A PNG timeline (rate per model, attainment per window, real and simulated through the rollouts,
+re-placements) goes to benchmarks/out/fidelity.png, every replayed request with the placements and factors in force
+to benchmarks/out/fidelity_records.json (to score other simulator settings offline).
 
     python benchmarks/fidelity.py --quick
 """
@@ -129,6 +134,10 @@ CONTENTION_LOAD = 2
 HISTORY_SIZE = 1000
 #: Repeated traces (different seeds) in one run.
 NUM_TRACES = 3
+#: Seconds between two round trips timed from this driver to the ingress replica and back (a call that does no
+#: work: `placement_version`), while the lone requests are profiled, the throughput probe runs and the calibration
+#: trace is replayed.
+ROUND_TRIP_INTERVAL_S = 0.1
 #: Seconds and concurrent clients of the closed-loop throughput probe.
 THROUGHPUT_PROBE_S = 10.0
 THROUGHPUT_CONCURRENCY = 8
@@ -260,9 +269,12 @@ async def measure_transition(spec: dict) -> tuple[float, TransitionModel]:
 
 
 def spec_dict(placement: dict | None, profiles_path: str | None, slo_ms: float, period_s: float, memory_bytes: int,
-              transition: TransitionModel | None = None, simulated: SimulatorConfig | None = None) -> dict:
+              transition: TransitionModel | None = None, simulated: SimulatorConfig | None = None,
+              client_round_trip_s: float = 0.0) -> dict:
     """The application's spec; with `profiles_path`, the controller on, simulating the system as this benchmark does
-    (`simulated`, from `sim_config`: batches of up to MAX_BATCH_REQUESTS, the ingress overhead, host contention)."""
+    (`simulated`, from `sim_config`: batches of up to MAX_BATCH_REQUESTS, the request overhead as this driver sees it,
+    host contention), its refits leaving out `client_round_trip_s` of that overhead (the ingress's records do not
+    hold it)."""
     spec: dict = {
         "cluster": {"num_devices": NUM_DEVICES, "device_resource": DEVICE_RESOURCE,
                     "device_memory_bytes": memory_bytes},
@@ -278,7 +290,8 @@ def spec_dict(placement: dict | None, profiles_path: str | None, slo_ms: float, 
                                            "host_contention_per_busy_device":
                                                simulated.host_contention_per_busy_device}}
         spec["controller"] = {"period_s": period_s, "fit_window_s": period_s, "min_gain": 0.02,
-                              "history_size": HISTORY_SIZE}
+                              "history_size": HISTORY_SIZE,
+                              "calibration": {"client_round_trip_ms": 1e3 * client_round_trip_s}}
         if transition is not None:
             spec["controller"]["transition"] = transition.model_dump()
     return spec
@@ -299,6 +312,29 @@ async def timed(call) -> float:
     started = time.perf_counter()
     await call
     return time.perf_counter() - started
+
+
+async def ingress_round_trips(handle, until: asyncio.Event) -> list[float]:
+    """Seconds from this driver to the ingress replica and back, timed on a call that does no work, one every
+    ROUND_TRIP_INTERVAL_S until `until` is set: the part of a request's latency that this driver (the client) sees
+    and the ingress's records do not (`rayserve_apps/ingress/request_clock.py`). Under load it includes the waits of
+    both event loops."""
+    trips: list[float] = []
+    while not until.is_set():
+        trips.append(await timed(handle.placement_version.remote()))
+        await asyncio.sleep(ROUND_TRIP_INTERVAL_S)
+    return trips
+
+
+async def while_timing_round_trips(handle, work) -> tuple[object, float]:
+    """Await `work` while timing round trips to the ingress (`ingress_round_trips`); its result and their median."""
+    done = asyncio.Event()
+    trips = asyncio.ensure_future(ingress_round_trips(handle, done))
+    try:
+        result = await work
+    finally:
+        done.set()
+    return result, float(np.median(await trips))
 
 
 def token_ids_of_request() -> list[list[int]]:
@@ -926,9 +962,19 @@ async def run(args) -> dict:
     deploy(profiling_spec, http_options)
     handle = serve.get_app_handle("plexserve")
     lone_s, overhead_s, batch_ratio = await profile_live(handle)
+    lone_round_trip_s = float(np.median([await timed(handle.placement_version.remote())
+                                         for _ in range(PROFILE_REQUESTS)]))
     contention, contention_probe = await measure_host_contention()
-    simulated = sim_config(overhead_s, contention)
-    throughput = await measure_throughput(handle, THROUGHPUT_PROBE_S, THROUGHPUT_CONCURRENCY)
+    throughput, loaded_round_trip_s = await while_timing_round_trips(
+        handle, measure_throughput(handle, THROUGHPUT_PROBE_S, THROUGHPUT_CONCURRENCY))
+    # The simulator's request overhead counts from the client: the lone requests' overhead through the ingress, its
+    # round trip to the ingress as long as under load. The controller's refits leave that round trip out: the
+    # ingress's records do not hold it (`controller.calibration.client_round_trip_ms`).
+    simulated = sim_config(overhead_s + max(0.0, loaded_round_trip_s - lone_round_trip_s), contention)
+    client_round_trip_s = min(loaded_round_trip_s, simulated.request_overhead_s)
+    log.info("round trip to the ingress: %.1f ms lone, %.1f ms at full load; simulated request overhead %.1f ms "
+             "(%.1f ms lone)", 1e3 * lone_round_trip_s, 1e3 * loaded_round_trip_s, 1e3 * simulated.request_overhead_s,
+             1e3 * overhead_s)
     # Per-request device time at full load: the devices' share of the measured throughput, split by lone-time ratios.
     # It sets the SLO and the offered load (as in earlier runs); the simulator's service times are calibrated below.
     scale = (NUM_DEVICES / throughput) / float(np.mean(list(lone_s.values())))
@@ -954,14 +1000,16 @@ async def run(args) -> dict:
                    PlannerConfig(max_group_devices=1)).normalize()
     initial_groups = {"groups": [g.model_dump(mode="json") for g in initial.groups]}
     deploy(spec_dict(initial_groups, str(folder / "profiles.json"), 1e3 * slo_s, period_s, memory_bytes, transition,
-                     simulated), http_options)
+                     simulated, client_round_trip_s), http_options)
     handle = serve.get_app_handle("plexserve")
     controller = serve.get_deployment_handle("PlacementController", app_name="plexserve")
     await controller.pause.remote(True)
     for model in MODELS:
         await handle.embed.remote(model, TEXTS)
-    calibration = await calibration_replay(handle, initial, lone_profiles, simulated, total_rate, slo_s,
-                                           seed=args.seed + CALIBRATION_SEED_OFFSET)
+    calibration, trace_round_trip_s = await while_timing_round_trips(
+        handle, calibration_replay(handle, initial, lone_profiles, simulated, total_rate, slo_s,
+                                   seed=args.seed + CALIBRATION_SEED_OFFSET))
+    log.info("round trip to the ingress at the traces' load: %.1f ms", 1e3 * trace_round_trip_s)
     service_s = {m: s * calibration.scale for m, s in lone_s.items()}
     profile_sets = {"lone": lone_profiles,
                     "calibrated": measured_profiles(service_s, batch_ratio, weight_bytes, load_s),
@@ -1025,6 +1073,9 @@ async def run(args) -> dict:
                                              for t in traces),
         "load_s": load_s, "transition": transition.model_dump(), "throughput_per_s": throughput,
         "ingress_overhead_ms": 1e3 * overhead_s,
+        "request_overhead_ms": 1e3 * simulated.request_overhead_s,
+        "client_round_trip_ms": {"lone": 1e3 * lone_round_trip_s, "full_load": 1e3 * loaded_round_trip_s,
+                                 "calibration_replay": 1e3 * trace_round_trip_s},
         "host_contention_per_busy_device": simulated.host_contention_per_busy_device,
         "host_contention_probe": contention_probe,
         "duration_s": duration_s, "period_s": period_s, "machine": machine_description(),

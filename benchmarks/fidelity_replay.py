@@ -13,10 +13,13 @@ controller run piecewise on the placements in force with the factor in force (as
 smoothing`) and the simulator's host contention (`planning.simulation.host_contention_per_busy_device`; "recorded" is
 what the run measured).
 
-Approximations, named: the chain starts at factor 1.0 with the first trace's static run (the live controller had
-also refitted on the calibration replay, whose records are not kept); the warm-up follows the static run at once and
-the controller run follows the warm-up at once (the benchmark also waits for the placement reset and for the last
-answers). Records written before the warm-up existed: the controller run follows its static run after one period.
+The records' latencies are this driver's (the client's), so the replay fits them with the simulator's whole request
+overhead, where the live controller fits the ingress's records with it less the client's round trip to the ingress
+(`controller.calibration.client_round_trip_ms`). Approximations, named: the chain starts at factor 1.0 with the first
+trace's static run (the live controller had also refitted on the calibration replay, whose records are not kept); the
+warm-up follows the static run at once and the controller run follows the warm-up at once (the benchmark also waits for
+the placement reset and for the last answers). Records written before the warm-up existed: the controller run follows
+its static run after one period.
 
     python benchmarks/fidelity_replay.py --quick [--records benchmarks/out/fidelity_records.json]
 """

@@ -24,7 +24,7 @@ from placement.core.deployment_spec import parse_spec
 from placement.core.placement_plan import GroupPlacement, Placement
 from placement.core.profiles import ConfigProfile, ModelProfile, ParallelConfig, ProfileSet, StageProfile
 from placement.core.traffic_window import ObservedTraffic, RequestRecord, TrafficWindow
-from placement.core.workload import ModelTraffic, generate_workload
+from placement.core.workload import ModelTraffic, Workload, generate_workload
 
 MODELS = ["a", "b"]
 LONE_S = 0.03
@@ -216,6 +216,35 @@ def test_the_policy_recalibrates_its_profiles_from_the_window_and_smooths():
         simulated_latency_quantile(both_everywhere(), LONE, workload, PLAIN, 0.5)
 
 
+def test_a_refit_on_the_ingress_records_leaves_out_the_clients_round_trip_to_the_ingress():
+    """The simulator's request overhead counts from the client; the ingress's records start when the request reaches
+    it and end before the answer is back: a round trip shorter. Simulated with the whole overhead, the refit fits
+    the service times short by that round trip (and the simulator turns optimistic); less it, it recovers them."""
+    overhead_s, round_trip_s, slowdown = 0.02, 0.012, 1.5
+    client_view = SimulatorConfig(dispatch=make_dispatch("shortest_queue"), request_overhead_s=overhead_s)
+    workload = trace(5.0, seed=10)  # light load: latencies near the service time, where the round trip shows
+    client_latency = live_latencies(workload, scaled_profiles(LONE, slowdown), client_view)
+    # The ingress receives each request half a round trip after its client sent it.
+    shifted = Workload(MODELS, workload.arrival_s + round_trip_s / 2, workload.model, workload.slo_s)
+    records = observed_from(shifted, client_latency - round_trip_s)
+
+    def refitted(settings: ServiceCalibrationSettings) -> ReplanPolicy:
+        policy = ReplanPolicy(profiles=LONE, num_devices=2, device_memory_bytes=16,
+                              planner=PlannerConfig(max_group_devices=1, simulator=client_view), calibration=settings)
+        policy.calibrate(both_everywhere(), records)
+        return policy
+
+    less = refitted(ServiceCalibrationSettings(client_round_trip_ms=1e3 * round_trip_s))
+    whole = refitted(ServiceCalibrationSettings())
+    assert less.service_scale == pytest.approx(slowdown, rel=0.05)
+    assert whole.service_scale < 0.9 * less.service_scale
+    # The decisions still judge with the whole overhead (the client's view); only the refits see the records' view.
+    assert less.planner.simulator.request_overhead_s == overhead_s
+    assert less.records_simulator.request_overhead_s == pytest.approx(overhead_s - round_trip_s)
+    with pytest.raises(ValueError, match="client_round_trip_ms"):
+        refitted(ServiceCalibrationSettings(client_round_trip_ms=1e3 * overhead_s + 1))
+
+
 def test_without_calibration_settings_or_latencies_the_profiles_stay():
     workload = trace(40.0, seed=6)
     observed = observed_from(workload, live_latencies(workload, scaled_profiles(LONE, 2.0), PLAIN))
@@ -243,3 +272,9 @@ def test_the_controller_spec_switches_calibration(tmp_path):
     spec["controller"] = {"calibration": {"window_s": 0}}
     with pytest.raises(ValueError, match="window_s"):
         parse_spec(spec)
+    # The client's round trip to the ingress is part of the request overhead the simulator adds.
+    spec["controller"] = {"calibration": {"client_round_trip_ms": 4.0}}
+    with pytest.raises(ValueError, match="client_round_trip_ms=4 exceeds planning.simulation.request_overhead_ms=0"):
+        parse_spec(spec)
+    spec["planning"]["simulation"] = {"request_overhead_ms": 6.0}
+    assert replan_policy(parse_spec(spec), tmp_path).records_simulator.request_overhead_s == pytest.approx(0.002)

@@ -60,7 +60,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from placement.alpaserve.local_search import neighbours
 from placement.alpaserve.placement_rollout import SlotLayout
 from placement.alpaserve.planner import PlannerConfig, place_unplaced, plan, select_models
-from placement.alpaserve.service_calibration import ServiceCalibration, calibrate_service_scale, observed_workload
+from placement.alpaserve.service_calibration import (
+    ServiceCalibration,
+    calibrate_service_scale,
+    observed_workload,
+    records_view,
+)
 from placement.alpaserve.simulator import simulate
 from placement.alpaserve.transition import TransitionModel, attainment_through, rollout_timeline, scaled_profiles
 from placement.alpaserve.transition_calibration import (
@@ -202,6 +207,10 @@ class ReplanPolicy:
         self.last_calibration: ServiceCalibration | None = None
         #: The last rollouts as they ran, with their requests: what the loading slowdown is refitted on.
         self.observed_rollouts: deque[ObservedRollout] = deque(maxlen=DEFAULT_POOLED_ROLLOUTS)
+        #: The simulated system the refits replay the ingress's records on: its request overhead less the client's
+        #: round trip to the ingress, which the records' latencies do not hold (`records_view`).
+        self.records_simulator = (records_view(self.planner.simulator, self.calibration.client_round_trip_ms / 1e3)
+                                  if self.calibration is not None else self.planner.simulator)
         self._set_scale(1.0)
 
     def _set_scale(self, scale: float) -> None:
@@ -220,7 +229,7 @@ class ReplanPolicy:
         if settings is None or traffic.latency_s is None:
             return None
         workload, latency = observed_workload(traffic)
-        fitted = calibrate_service_scale(current, self.base_profiles, workload, latency, self.planner.simulator,
+        fitted = calibrate_service_scale(current, self.base_profiles, workload, latency, self.records_simulator,
                                          settings.quantile, settings.min_answered, settings.match_attainment,
                                          warmup_s)
         if fitted is None:
@@ -246,7 +255,7 @@ class ReplanPolicy:
         if not observed.loading_requests():
             return None
         self.observed_rollouts.append(observed)
-        fitted = calibrate_loading_slowdown(self.observed_rollouts, self.profiles, self.planner.simulator)
+        fitted = calibrate_loading_slowdown(self.observed_rollouts, self.profiles, self.records_simulator)
         if fitted is None:
             return None
         keep = settings.loading_smoothing

@@ -60,6 +60,14 @@ class ServiceCalibrationSettings(BaseModel):
                             description="Seconds of ingress records a fit replays (at least one controller period), "
                                         "starting no earlier than the last placement change "
                                         "or calibration restart.")
+    client_round_trip_ms: float = Field(default=0.0, ge=0,
+                                        description="Milliseconds of each request's latency that its client sees "
+                                                    "and the ingress's records do not: the way from the client to "
+                                                    "the ingress replica and back (part of "
+                                                    "`planning.simulation.request_overhead_ms`, which counts from "
+                                                    "the client). The refits simulate the records with the request "
+                                                    "overhead less these, as the ingress's clock counts; the "
+                                                    "decisions judge with the whole overhead.")
     refit_loading_slowdown: bool = Field(default=True,
                                          description="After each rollout, refit the transition model's loading "
                                                      "slowdown on the requests that arrived during it, blended with "

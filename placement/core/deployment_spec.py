@@ -310,6 +310,12 @@ class DeploymentSpec(_Strict):
             return self  # runtime allocation only (Arlo)
         if self.planning is None or "profiles" not in self.planning:
             raise ValueError("controller: the placement controller needs `planning.profiles` to simulate candidates")
+        round_trip_ms = self.controller.calibration.client_round_trip_ms
+        overhead_ms = float((self.planning.get("simulation") or {}).get("request_overhead_ms", 0.0))
+        if round_trip_ms > overhead_ms:
+            raise ValueError(f"controller.calibration.client_round_trip_ms={round_trip_ms:g} exceeds "
+                             f"planning.simulation.request_overhead_ms={overhead_ms:g}: the client's round trip to "
+                             "the ingress is part of the request overhead")
         slots = self.controller.group_slots or self.cluster.num_devices
         if self.placement is not None and len(self.placement.groups) > slots:
             raise ValueError(f"controller.group_slots={slots} is fewer than the placement's "

@@ -14,7 +14,8 @@ Group placement (an application with a placement; AlpaServe §4.2). Every period
 4. writes the decision to the decision log (`decision_log.py`).
 Before each decision the policy refits its service-time factor from the latencies the ingress reported in the last
 `calibration.window_s` (since the last placement change, or the caller's restart in `apply_placement`, at most;
-`placement.alpaserve.service_calibration`), unless
+`placement.alpaserve.service_calibration`; simulated with the request overhead less `calibration.client_round_trip_ms`,
+which the ingress's clock does not see), unless
 a rollout ran in the period just past; the factor is logged (`service_scale`, `service_calibration`). The first
 decision after a rollout has settled also refits the loading slowdown its moves are priced with on the requests that
 arrived during that rollout, replayed through its steps as they ran (`placement.alpaserve.transition_calibration`;
