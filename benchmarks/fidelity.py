@@ -135,8 +135,8 @@ HISTORY_SIZE = 1000
 #: Repeated traces (different seeds) in one run.
 NUM_TRACES = 3
 #: Seconds between two round trips timed from this driver to the ingress replica and back (a call that does no
-#: work: `placement_version`), while the lone requests are profiled, the throughput probe runs and the calibration
-#: trace is replayed.
+#: work: `placement_version`) while the throughput probe runs and while the calibration trace is replayed (the lone
+#: ones, PROFILE_REQUESTS of them, are timed one after the other after the lone requests).
 ROUND_TRIP_INTERVAL_S = 0.1
 #: Seconds and concurrent clients of the closed-loop throughput probe.
 THROUGHPUT_PROBE_S = 10.0
