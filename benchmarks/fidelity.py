@@ -51,8 +51,10 @@ host_contention_probe (step 1's throughputs and the host's busy CPU share with o
 client_round_trip_ms (this driver to the ingress and back: lone, at full load, and during step 2's replay at the traces'
 load) and request_overhead_ms (the simulator's), send_lag_p99_ms_max (how late this driver sent requests against the
 trace's times, worst p99 of the replays), and per trace its figures (among them host_cpu_busy_share: the host's busy CPU
-share in each half of the static run, and in the controller run before the shift and after its move), decisions and
-re-placements. A PNG timeline (rate per model, attainment per window, real and simulated through the rollouts,
+share in each half of the static run, and in the controller run before the shift and after its move; device_time:
+per group in the same stretches, the share of the time its engines ran a batch, requests per batch, device ms per
+request and ms a request waited in the group's engine, from the engines' totals read every CPU_READING_S), decisions
+and re-placements. A PNG timeline (rate per model, attainment per window, real and simulated through the rollouts,
 re-placements) goes to benchmarks/out/fidelity.png, every replayed request with the placements and factors in force
 to benchmarks/out/fidelity_records.json (to score other simulator settings offline).
 
@@ -416,12 +418,8 @@ async def measure_host_contention() -> tuple[float, dict]:
     Also the host's CPU share busy in each phase. The two devices are shares of the same two cores, which the ingress
     and this driver use too; on a GPU cluster the figure would be 0. (Until 2026-11-25 the probe timed lone requests
     beside two in flight: 30 per phase gave +0.05 to +0.56 from run to run.)"""
-    from ray import serve
-
-    from rayserve_apps.contracts import group_deployment_name
-
     token_ids = token_ids_of_request()
-    groups = [serve.get_deployment_handle(group_deployment_name(g), app_name="plexserve") for g in range(NUM_DEVICES)]
+    groups = group_handles()
 
     async def closed_loop(busy_groups: list[int]) -> tuple[float, float | None]:
         """Group 1's answers per second with `busy_groups` at full load; the host's busy CPU share meanwhile."""
@@ -502,10 +500,53 @@ def make_trace(total_rate: float, duration_s: float, slo_s: float, seed: int):
     return Workload.merge(parts)
 
 
-async def replay(handle, workload, slo_s: float) -> dict[str, np.ndarray]:
+def group_handles() -> list:
+    """Handles to the application's group replicas, one per device (every group here is one device)."""
+    from ray import serve
+
+    from rayserve_apps.contracts import group_deployment_name
+
+    return [serve.get_deployment_handle(group_deployment_name(g), app_name="plexserve") for g in range(NUM_DEVICES)]
+
+
+async def engine_totals(groups) -> dict[str, dict[str, dict]]:
+    """Per group replica, per hosted model: what its engine has done since it started (batches, passages, busy
+    seconds: `rayserve_apps.engine.engine.EngineTotals`)."""
+    infos = await asyncio.gather(*(group.info.remote() for group in groups))
+    return {info["group"]: info["engines"] for info in infos}
+
+
+def device_time_between(run: dict, start_s: float, end_s: float) -> dict[str, dict[str, float]] | None:
+    """Per group, over a replay's engine readings from the first at or after `start_s` to the last at or before
+    `end_s`: the share of the time its engines ran a batch, the requests per batch, the device milliseconds per
+    request (a request is len(TEXTS) passages) and the milliseconds a request waited in the group's engine for its
+    batch to start. Models whose engine started in between (a move) are left out (a group with none left: None
+    throughout). None with fewer than two readings."""
+    inside = [(at, totals) for at, totals in run.get("engine_readings", []) if start_s <= at <= end_s]
+    if len(inside) < 2:
+        return None
+    (first_s, first), (last_s, last) = inside[0], inside[-1]
+    out = {}
+    for group, engines in last.items():
+        before = first.get(group, {})
+        kept = [(engines[m], before[m]) for m in engines
+                if m in before and engines[m]["batches"] >= before[m]["batches"]]
+        batches = sum(now["batches"] - then["batches"] for now, then in kept)
+        requests = sum(now["items"] - then["items"] for now, then in kept) / len(TEXTS)
+        busy_s = sum(now["busy_s"] - then["busy_s"] for now, then in kept)
+        queued_s = sum(now["queued_s"] - then["queued_s"] for now, then in kept) / len(TEXTS)
+        out[group] = {"busy_share": busy_s / (last_s - first_s) if kept else None,
+                      "requests_per_batch": requests / batches if batches else None,
+                      "device_ms_per_request": 1e3 * busy_s / requests if requests else None,
+                      "engine_wait_ms_per_request": 1e3 * queued_s / requests if requests else None}
+    return out
+
+
+async def replay(handle, workload, slo_s: float, groups=None) -> dict[str, np.ndarray]:
     """Send every request at its arrival time; per request: latency (s, from its send, NaN if not answered),
     outcome, and its send lag (s: how late this driver sent it against the trace's arrival time; the simulator
-    replays the trace's times, so a lagging driver would smooth the bursts the live system sees)."""
+    replays the trace's times, so a lagging driver would smooth the bursts the live system sees). With `groups`
+    (group replica handles), their engines' totals are read at every progress report (`engine_readings`)."""
     from ray.serve.exceptions import BackPressureError
 
     n = len(workload)
@@ -530,6 +571,7 @@ async def replay(handle, workload, slo_s: float) -> dict[str, np.ndarray]:
     tasks = []
     next_report = 0.0
     cpu_readings = []  # (seconds into the trace, the host's CPU times then): its busy share per stretch
+    engine_tasks = []  # (seconds into the trace, the groups' engine totals then, being read)
     for i in range(n):
         delay = workload.arrival_s[i] - (time.perf_counter() - start)
         if delay > 0:
@@ -538,12 +580,17 @@ async def replay(handle, workload, slo_s: float) -> dict[str, np.ndarray]:
         if workload.arrival_s[i] >= next_report:
             log.info("replay: t=%.0f s, %d/%d requests sent", workload.arrival_s[i], i + 1, n)
             cpu_readings.append((time.perf_counter() - start, host_cpu_times()))
+            if groups:  # not awaited here: the next request's send must not wait for the reading
+                engine_tasks.append((time.perf_counter() - start, asyncio.ensure_future(engine_totals(groups))))
             next_report += CPU_READING_S
     await asyncio.gather(*tasks)
     cpu_readings.append((time.perf_counter() - start, host_cpu_times()))
+    if groups:
+        engine_tasks.append((time.perf_counter() - start, asyncio.ensure_future(engine_totals(groups))))
+    engine_readings = [(at, await task) for at, task in engine_tasks]
     met = (outcome == 0) & (latency <= slo_s)
     return {"latency": latency, "outcome": outcome, "met": met, "cpu_readings": cpu_readings, "send_lag": send_lag,
-            "start_wall": time.time() - (time.perf_counter() - start)}
+            "engine_readings": engine_readings, "start_wall": time.time() - (time.perf_counter() - start)}
 
 
 def send_lag_ms(run: dict) -> dict[str, float]:
@@ -826,8 +873,9 @@ async def controller_trace(handle, controller, profile_sets: dict, transition, s
     # service-time refit restarts its window (the refit goes on while paused).
     await controller.apply_placement.remote(initial_groups, "benchmark reset", True)
 
+    groups = group_handles()
     log.info("static run (controller paused), seed %d", seed)
-    static = await replay(handle, trace, slo_s)
+    static = await replay(handle, trace, slo_s, groups)
 
     await controller.apply_placement.remote(initial_groups, "benchmark reset", True)
     log.info("warm-up (controller paused, not scored), seed %d: %.0f s at the opening shares", seed, WARMUP_S)
@@ -839,7 +887,7 @@ async def controller_trace(handle, controller, profile_sets: dict, transition, s
     scale_before = (await controller.state.remote())["service_scale"]
     resumed_s = time.time()
     await controller.pause.remote(False)
-    dynamic = await replay(handle, trace, slo_s)
+    dynamic = await replay(handle, trace, slo_s, groups)
     await controller.pause.remote(True)
     # By time, not by position: the log keeps its last `history_size` entries (until 2026-11-25 14:10 this took
     # the entries past the log's length before the run, and the full run's third trace, past 100, lost its first).
@@ -898,6 +946,16 @@ async def controller_trace(handle, controller, profile_sets: dict, transition, s
     shift_s = duration_s / 2
     after_shift = [t for t in changes if t >= shift_s]
     second = trace.arrival_s >= shift_s
+    # What the groups' engines did in the stretches of host_cpu_busy_share (the simulator's service-time factor
+    # times its host contention stands for device_ms_per_request over the lone-request time).
+    device_time = {"static_first_half": device_time_between(static, 0.0, shift_s),
+                   "static_second_half": device_time_between(static, shift_s, np.inf),
+                   "controller_first_half": device_time_between(dynamic, 0.0, shift_s),
+                   "controller_after_move": (device_time_between(dynamic, after_shift[0], np.inf) if after_shift
+                                             else None)}
+    for stretch, groups_time in device_time.items():
+        log.info("device time, %s: %s", stretch, {g: {k: None if v is None else round(v, 2) for k, v in t.items()}
+                                                   for g, t in (groups_time or {}).items()})
     return {
         "seed": seed, "requests": len(trace), "trace": trace, "initial": initial, "static": static, "dynamic": dynamic,
         "warmup_trace": warmup_trace, "warmup": warmup, "real_repeat_diff": repeat_diff,
@@ -926,6 +984,7 @@ async def controller_trace(handle, controller, profile_sets: dict, transition, s
             "controller_first_half": host_cpu_share_between(dynamic, 0.0, shift_s),
             "controller_after_move": (host_cpu_share_between(dynamic, after_shift[0], np.inf) if after_shift
                                       else None)},
+        "device_time": device_time,
         "controller_gain_real": float(dynamic["met"][second].mean() - static["met"][second].mean()),
         "controller_gain_sim": float(dynamic_sim[second].mean() - static_sim[second].mean()),
         "transition_cost_predicted": float(np.mean(predicted_costs)) if predicted_costs else None,

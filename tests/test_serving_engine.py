@@ -34,6 +34,8 @@ def test_drain_answers_what_is_queued_and_in_flight_then_stops():
     answers, served = asyncio.run(scenario())
     assert answers == [2, 4, 6, 8, 10]
     assert served.totals.batches == 3 and served.queued == 0 and served.in_flight == 0
+    assert served.totals.busy_s > 2 * BATCH_S  # the three batches' seconds, summed
+    assert served.totals.queued_s > 2 * BATCH_S  # items 3-5 waited for one batch or two
 
 
 def test_stop_fails_the_batch_in_flight_instead_of_leaving_it_unanswered():

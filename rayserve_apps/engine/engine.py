@@ -106,8 +106,12 @@ class EngineTotals:
     refused: int = 0
     failed_batches: int = 0
     largest_batch: int = 0
+    #: Seconds its batches ran, summed (batches in flight at once, one per pipeline stage, each count).
+    busy_s: float = 0.0
+    #: Seconds its items waited from their submission to their batch's start, summed over the items.
+    queued_s: float = 0.0
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, int | float]:
         return dict(self.__dict__)
 
 
@@ -266,6 +270,8 @@ class ServingEngine:
         self.totals.batches += 1
         self.totals.items += len(batch.items)
         self.totals.largest_batch = max(self.totals.largest_batch, len(batch.items))
+        self.totals.busy_s += finish - started
+        self.totals.queued_s += sum(started - item.arrival_s for item in batch.items)
         for item, result in zip(batch.items, results):
             if not item.future.done():
                 item.future.set_result(result)
