@@ -510,8 +510,8 @@ def group_handles() -> list:
 
 
 async def engine_totals(groups) -> dict[str, dict[str, dict]]:
-    """Per group replica, per hosted model: what its engine has done since it started (batches, passages, busy
-    seconds: `rayserve_apps.engine.engine.EngineTotals`)."""
+    """Per group replica, per hosted model: what its engine has done since it started (batches, passages, the
+    seconds its batches ran and its passages waited: `rayserve_apps.engine.engine.EngineTotals`)."""
     infos = await asyncio.gather(*(group.info.remote() for group in groups))
     return {info["group"]: info["engines"] for info in infos}
 
