@@ -946,13 +946,17 @@ async def controller_trace(handle, controller, profile_sets: dict, transition, s
     shift_s = duration_s / 2
     after_shift = [t for t in changes if t >= shift_s]
     second = trace.arrival_s >= shift_s
-    # What the groups' engines did in the stretches of host_cpu_busy_share (the simulator's service-time factor
-    # times its host contention stands for device_ms_per_request over the lone-request time).
-    device_time = {"static_first_half": device_time_between(static, 0.0, shift_s),
-                   "static_second_half": device_time_between(static, shift_s, np.inf),
-                   "controller_first_half": device_time_between(dynamic, 0.0, shift_s),
-                   "controller_after_move": (device_time_between(dynamic, after_shift[0], np.inf) if after_shift
-                                             else None)}
+    def per_stretch(between) -> dict:
+        """`between(run, start_s, end_s)` in each half of the static run, and in the controller run before the shift
+        and after its first re-placement after it (None without one)."""
+        return {"static_first_half": between(static, 0.0, shift_s),
+                "static_second_half": between(static, shift_s, np.inf),
+                "controller_first_half": between(dynamic, 0.0, shift_s),
+                "controller_after_move": between(dynamic, after_shift[0], np.inf) if after_shift else None}
+
+    # What the groups' engines did in those stretches (the simulator's service-time factor times its host contention
+    # stands for device_ms_per_request over the lone-request time).
+    device_time = per_stretch(device_time_between)
     for stretch, groups_time in device_time.items():
         log.info("device time, %s: %s", stretch, {g: {k: None if v is None else round(v, 2) for k, v in t.items()}
                                                    for g, t in (groups_time or {}).items()})
@@ -978,12 +982,7 @@ async def controller_trace(handle, controller, profile_sets: dict, transition, s
         "send_lag_ms": {"static": send_lag_ms(static), "controller": send_lag_ms(dynamic)},
         # Whether the host's two cores ran out: its busy CPU share in the static run's halves, and in the controller
         # run before the shift and after its first re-placement after it (both devices at full load).
-        "host_cpu_busy_share": {
-            "static_first_half": host_cpu_share_between(static, 0.0, shift_s),
-            "static_second_half": host_cpu_share_between(static, shift_s, np.inf),
-            "controller_first_half": host_cpu_share_between(dynamic, 0.0, shift_s),
-            "controller_after_move": (host_cpu_share_between(dynamic, after_shift[0], np.inf) if after_shift
-                                      else None)},
+        "host_cpu_busy_share": per_stretch(host_cpu_share_between),
         "device_time": device_time,
         "controller_gain_real": float(dynamic["met"][second].mean() - static["met"][second].mean()),
         "controller_gain_sim": float(dynamic_sim[second].mean() - static_sim[second].mean()),
