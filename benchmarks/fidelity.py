@@ -186,11 +186,14 @@ async def measure_transition(spec: dict) -> tuple[float, TransitionModel]:
     routing before and after the change), the seconds to start a model's stage actor processes (`actor_start_s`: a
     model added with none leaving, minus an unloaded swap), and, with both devices kept busy by closed-loop clients
     (the controller moves when traffic is high), the seconds to load a model's weights into a running group's stage
-    actors (`load_s`, kept with the profiles: a swap, whose arriving model reloads the leaving model's actors, until
-    the group reports the new version, minus one route) and the loading slowdown: the share of the clients' answers
-    the swaps lost against the throughput just before them, charged to the loading part of each step as the
-    transition model charges it (`loading_slowdown`). Lone requests beside an idle group understate it: loading and
-    serving then have a core each."""
+    actors (`load_s`, kept with the profiles: a swap, whose arriving model reloads the leaving model's actors, from
+    its apply until the group reports the new version: the step's slot change, which the controller times as its
+    loading span) and the loading slowdown: the share of the clients' answers the swaps lost against the throughput
+    just before them, charged to that span as the transition model charges it (`loading_slowdown`). Lone requests
+    beside an idle group understate it: loading and serving then have a core each. Until 2026-11-27 `load_s` left
+    one route out of the swap, so a step was priced one route short of the three applies it runs; that went
+    unnoticed while loading took 1.7 s, and showed when a reload without garbage collections took 0.1 s more than a
+    route (and the answers a route loses, charged to that 0.1 s, made the slowdown 10x)."""
     from ray import serve
 
     from placement.alpaserve.placement_rollout import SlotLayout
@@ -254,19 +257,18 @@ async def measure_transition(spec: dict) -> tuple[float, TransitionModel]:
         return sum(span[0] <= t < span[1] for t in answered)
 
     throughput = answers(baseline) / seconds(baseline)
-    swap_s = float(np.median([seconds(span) for span in swaps]))
-    load_s = max(swap_s - route_s, 0.0)
-    # The model's step: `route_s` at full speed, then `load_s` at 1/slowdown. The answers the swaps lost against the
-    # baseline all go to the loading part (a route's own cost included).
+    load_s = float(np.median([seconds(span) for span in swaps]))
+    # The model's step: two routes at full speed around the slot change, which loads at 1/slowdown for `load_s`. The
+    # answers the swaps lost against the baseline all go to the slot change (its Serve update's own cost included).
     lost = sum(throughput * seconds(span) - answers(span) for span in swaps) / len(swaps)
     kept = 1.0 - lost / (throughput * load_s) if throughput > 0 and load_s > 0 else 1.0
     slowdown = min(max(1.0 / kept, 1.0), MAX_LOADING_SLOWDOWN) if kept > 0 else MAX_LOADING_SLOWDOWN
     transition = TransitionModel(step_overhead_s=2 * route_s, actor_start_s=max(add_step_s - swap_step_s, 0.0),
                                  loading_slowdown=slowdown)
-    log.info("rollout step: %.1f s to re-route; %.1f s to load a model's weights into a running group's actors "
-             "(%.1f s with the devices idle), %.1f s to start its actors first; with every device busy (%.1f "
-             "answers/s before the swaps) a load loses %.1f answers: serving %.2fx slower while it loads", route_s,
-             load_s, max(swap_step_s - route_s, 0.0), transition.actor_start_s, throughput, lost, slowdown)
+    log.info("rollout step: %.1f s to re-route; %.1f s to load a model's weights into a running group's actors, "
+             "its Serve update included (%.1f s with the devices idle), %.1f s to start its actors first; with every "
+             "device busy (%.1f answers/s before the swaps) a load loses %.1f answers: serving %.2fx slower while it "
+             "loads", route_s, load_s, swap_step_s, transition.actor_start_s, throughput, lost, slowdown)
     return load_s, transition
 
 

@@ -13,7 +13,6 @@ reads from the checkpoint only the tensors of its stage's layers, so its memory 
 from __future__ import annotations
 
 import copy
-import gc
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,8 +179,6 @@ def build_stage_layers(model, start: int, end: int, collectives: Collectives,
         stage.append(layer.eval())
     held = nn.ModuleList(stage)
     weight_bytes = _unique_parameter_bytes(held)
-    del layers
-    gc.collect()
     return StageSlice(layers=stage, weight_bytes=weight_bytes)
 
 
