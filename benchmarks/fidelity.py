@@ -574,6 +574,13 @@ async def replay(handle, workload, slo_s: float, groups=None) -> dict[str, np.nd
     next_report = 0.0
     cpu_readings = []  # (seconds into the trace, the host's CPU times then): its busy share per stretch
     engine_tasks = []  # (seconds into the trace, the groups' engine totals then, being read)
+
+    def take_readings() -> None:
+        at = time.perf_counter() - start
+        cpu_readings.append((at, host_cpu_times()))
+        if groups:  # not awaited here: the next request's send must not wait for the reading
+            engine_tasks.append((at, asyncio.ensure_future(engine_totals(groups))))
+
     for i in range(n):
         delay = workload.arrival_s[i] - (time.perf_counter() - start)
         if delay > 0:
@@ -581,14 +588,10 @@ async def replay(handle, workload, slo_s: float, groups=None) -> dict[str, np.nd
         tasks.append(asyncio.ensure_future(one(i)))
         if workload.arrival_s[i] >= next_report:
             log.info("replay: t=%.0f s, %d/%d requests sent", workload.arrival_s[i], i + 1, n)
-            cpu_readings.append((time.perf_counter() - start, host_cpu_times()))
-            if groups:  # not awaited here: the next request's send must not wait for the reading
-                engine_tasks.append((time.perf_counter() - start, asyncio.ensure_future(engine_totals(groups))))
+            take_readings()
             next_report += CPU_READING_S
     await asyncio.gather(*tasks)
-    cpu_readings.append((time.perf_counter() - start, host_cpu_times()))
-    if groups:
-        engine_tasks.append((time.perf_counter() - start, asyncio.ensure_future(engine_totals(groups))))
+    take_readings()
     engine_readings = [(at, await task) for at, task in engine_tasks]
     met = (outcome == 0) & (latency <= slo_s)
     return {"latency": latency, "outcome": outcome, "met": met, "cpu_readings": cpu_readings, "send_lag": send_lag,
