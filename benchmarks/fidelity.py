@@ -11,11 +11,12 @@ half time. Each request embeds a batch of passages, so that its model compute ou
    new actors (an added model), the step's other seconds and how much slower the other group serves meanwhile (the
    controller prices rollouts with them); one device's closed-loop throughput with the other idle and at full load
    gives the host contention (the simulator's `host_contention_per_busy_device`: both devices share two cores). A
-   closed-loop probe with every device busy sets the capacity, hence the offered load and the SLO. Round trips from
-   this driver to the ingress and back (a call that does no work), lone and during that probe, give the part of a
-   request's latency that the ingress's records do not hold: the simulator's request overhead is the lone
-   requests' overhead with that round trip as long as under load, and the controller's refits leave the round trip
-   out (`controller.calibration.client_round_trip_ms`).
+   closed-loop probe with every device busy sets the capacity, hence the offered load and the SLO. The lone
+   requests and that probe's also give, from each answer's `ingress_latency_ms`, the part of a request's latency
+   that the ingress's records do not hold (the way back to this driver: its requests carry their send time, so the
+   way there counts; `answered`): the simulator's request overhead is the lone requests' overhead with that way as
+   long as under load, and the controller's refits leave the way under load out
+   (`controller.calibration.client_round_trip_ms`).
 2. **Deploy** the application with the placement the planner picks for the first half and the controller on (its
    profiles: the lone-request times, which it recalibrates online from the ingress's records every decision).
    **Calibration**: a trace of its own seed (never scored) replayed on that deployment; the lone-request times are
@@ -48,15 +49,16 @@ re-placement began, where trace and placement are the same) and real_repeat_spee
 requests, the controller run's 10th-percentile latency over the static run's, per trace: the machine's speed in one
 replay against the other), failed_accepted, unchanged_p99_ratio (step 6),
 host_contention_probe (step 1's throughputs and the host's busy CPU share with one and with both devices at full load),
-client_round_trip_ms (this driver to the ingress and back: lone, at full load, and during step 2's replay at the traces'
-load) and request_overhead_ms (the simulator's), send_lag_p99_ms_max (how late this driver sent requests against the
-trace's times, worst p99 of the replays), and per trace its figures (among them host_cpu_busy_share: the host's busy CPU
-share in each half of the static run, and in the controller run before the shift and after its move; device_time:
-per group in the same stretches, the share of the time its engines ran a batch, requests per batch, device ms per
-request and ms a request waited in the group's engine, from the engines' totals read every CPU_READING_S), decisions
-and re-placements. A PNG timeline (rate per model, attainment per window, real and simulated through the rollouts,
-re-placements) goes to benchmarks/out/fidelity.png, every replayed request with the placements and factors in force
-to benchmarks/out/fidelity_records.json (to score other simulator settings offline).
+client_round_trip_ms (the way back from the ingress to this driver, the requests' latency less the ingress's: median
+lone, mean at full load and during step 2's replay at the traces' load) and request_overhead_ms (the simulator's),
+send_lag_p99_ms_max (how late this driver sent requests against the trace's times, worst p99 of the replays), and per
+trace its figures (among them host_cpu_busy_share: the host's busy CPU share in each half of the static run, and in
+the controller run before the shift and after its move; device_time: per group in the same stretches, the share of the
+time its engines ran a batch, requests per batch, device ms per request and ms a request waited in the group's engine,
+from the engines' totals read every CPU_READING_S), decisions and re-placements. A PNG timeline (rate per model,
+attainment per window, real and simulated through the rollouts, re-placements) goes to benchmarks/out/fidelity.png,
+every replayed request with the placements and factors in force to benchmarks/out/fidelity_records.json (to score
+other simulator settings offline).
 
     python benchmarks/fidelity.py --quick
 """
@@ -69,6 +71,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -84,6 +87,7 @@ import numpy as np  # noqa: E402
 from benchmarks._common import emit_json, machine_description, make_parser, out_dir, setup_logging  # noqa: E402
 
 if TYPE_CHECKING:
+    from placement.alpaserve.service_calibration import ServiceCalibration
     from placement.alpaserve.simulator import SimulatorConfig
     from placement.core.transition_costs import TransitionModel
 
@@ -136,10 +140,6 @@ CONTENTION_LOAD = 2
 HISTORY_SIZE = 1000
 #: Repeated traces (different seeds) in one run.
 NUM_TRACES = 3
-#: Seconds between two round trips timed from this driver to the ingress replica and back (a call that does no
-#: work: `placement_version`) while the throughput probe runs and while the calibration trace is replayed (the lone
-#: ones, PROFILE_REQUESTS of them, are timed one after the other after the lone requests).
-ROUND_TRIP_INTERVAL_S = 0.1
 #: Seconds and concurrent clients of the closed-loop throughput probe.
 THROUGHPUT_PROBE_S = 10.0
 THROUGHPUT_CONCURRENCY = 8
@@ -318,27 +318,19 @@ async def timed(call) -> float:
     return time.perf_counter() - started
 
 
-async def ingress_round_trips(handle, until: asyncio.Event) -> list[float]:
-    """Seconds from this driver to the ingress replica and back, timed on a call that does no work, one every
-    ROUND_TRIP_INTERVAL_S until `until` is set: the part of a request's latency that this driver (the client) sees
-    and the ingress's records do not (`rayserve_apps/ingress/request_clock.py`). Under load it includes the waits of
-    both event loops."""
-    trips: list[float] = []
-    while not until.is_set():
-        trips.append(await timed(handle.placement_version.remote()))
-        await asyncio.sleep(ROUND_TRIP_INTERVAL_S)
-    return trips
-
-
-async def while_timing_round_trips(handle, work) -> tuple[object, float]:
-    """Await `work` while timing round trips to the ingress (`ingress_round_trips`); its result and their median."""
-    done = asyncio.Event()
-    trips = asyncio.ensure_future(ingress_round_trips(handle, done))
-    try:
-        result = await work
-    finally:
-        done.set()
-    return result, float(np.median(await trips))
+async def answered(handle, model: str) -> tuple[float, float]:
+    """Send `model` an `embed` of TEXTS stamped with its send time (`sent_at_s`: the ingress's clock, its deadline and
+    its records start there, the way to the ingress included); the seconds until the answer, and the part of them that
+    the ingress did not count (the answer's `ingress_latency_ms`): the way back from the ingress replica to this driver
+    (the client), the wait of this driver's event loop included, which the ingress's records do not hold
+    (`rayserve_apps/ingress/request_clock.py`). Until 2026-11-27 22:00 the requests went unstamped, and the way there
+    and back was timed on a call that does no work, one every 0.1 s: under load its median (10 ms in a one-off check at
+    the traces' load) was well below the requests' own (16-19 ms on average, matched to the ingress's records in the
+    same check), which come in bursts, when both event loops are busiest; the way there was most of it (11-14 ms)."""
+    started = time.perf_counter()
+    answer = await handle.embed.remote(model, TEXTS, sent_at_s=time.time())
+    latency = time.perf_counter() - started
+    return latency, latency - answer["ingress_latency_ms"] / 1e3
 
 
 def token_ids_of_request() -> list[list[int]]:
@@ -352,10 +344,21 @@ def in_turn(models: list[str], k: int) -> list[str]:
     return models[k % len(models):] + models[:k % len(models)]
 
 
-async def profile_live(handle) -> tuple[dict[str, float], float, dict[int, float]]:
-    """Per model: median service time of one request straight to a group replica; the median ingress overhead; and
-    per batch size in PROFILED_BATCHES, a batch's service time over one request's (the engine batches the requests
-    queued for a model: several requests' passages in one call, median over the models).
+@dataclass(frozen=True)
+class LiveProfile:
+    """What `profile_live` measures on lone requests."""
+
+    service_s: dict[str, float]  # per model: median service time of one request straight to a group replica
+    overhead_s: float  # median time a request spends outside the group: the ingress and the way to it and back
+    batch_ratio: dict[int, float]  # per batch size: a batch's service time over one request's
+    client_leg_s: float  # median way back from the ingress to this driver (`answered`)
+
+
+async def profile_live(handle) -> LiveProfile:
+    """Per model: median service time of one request straight to a group replica; the median ingress overhead, and
+    of it the way back from the ingress to this driver (`answered`); and per batch size in PROFILED_BATCHES, a
+    batch's service time over one request's (the engine batches the requests queued for a model: several requests'
+    passages in one call, median over the models).
 
     The models' requests are interleaved (one of each in turn, the first rotating round by round), so that a drift
     of the VM's speed while profiling falls on every model alike. Measured one model after the other (until
@@ -373,11 +376,14 @@ async def profile_live(handle) -> tuple[dict[str, float], float, dict[int, float
             await handle.embed.remote(model, TEXTS)
     direct: dict[str, list[float]] = {m: [] for m in MODELS}
     through: dict[str, list[float]] = {m: [] for m in MODELS}
+    legs: list[float] = []
     batched: dict[tuple[str, int], list[float]] = {(m, b): [] for m in MODELS for b in PROFILED_BATCHES}
     for k in range(PROFILE_REQUESTS):
         for model in in_turn(MODELS, k):
             direct[model].append(await timed(group.embed_token_ids.remote(model, token_ids)))
-            through[model].append(await timed(handle.embed.remote(model, TEXTS)))
+            latency, leg = await answered(handle, model)
+            through[model].append(latency)
+            legs.append(leg)
     for k in range(PROFILE_BATCH_REQUESTS):
         for model in in_turn(MODELS, k):
             for b in PROFILED_BATCHES:
@@ -390,7 +396,7 @@ async def profile_live(handle) -> tuple[dict[str, float], float, dict[int, float
                  1e3 * service[model], 1e3 * np.median(through[model]), list(PROFILED_BATCHES),
                  [round(ratios[b][k], 2) for b in PROFILED_BATCHES])
     batch_ratio = {1: 1.0, **{b: float(np.median(r)) for b, r in ratios.items()}}
-    return service, max(0.0, float(np.median(overhead))), batch_ratio
+    return LiveProfile(service, max(0.0, float(np.median(overhead))), batch_ratio, float(np.median(legs)))
 
 
 def host_cpu_times() -> tuple[float, float] | None:
@@ -459,23 +465,23 @@ def mean_or_none(values: list[float | None]) -> float | None:
     return float(np.mean(known)) if known else None
 
 
-async def measure_throughput(handle, seconds: float, concurrency: int) -> float:
-    """Requests per second the whole system answers with every device busy (closed loop over all models).
+async def measure_throughput(handle, seconds: float, concurrency: int) -> tuple[float, float]:
+    """Requests per second the whole system answers with every device busy (closed loop over all models), and the
+    mean way back from the ingress to this driver of those requests (`answered`).
 
     The devices here are CPU shares of two cores that the ingress, the replicas and this driver share, so the
     system's throughput is below what lone-request service times promise; the profiles are scaled to it."""
-    done = 0
+    legs: list[float] = []
     stop = time.perf_counter() + seconds
 
     async def worker(k: int) -> None:
-        nonlocal done
         while time.perf_counter() < stop:
-            await handle.embed.remote(MODELS[(k + done) % len(MODELS)], TEXTS)
-            done += 1
+            _, leg = await answered(handle, MODELS[(k + len(legs)) % len(MODELS)])
+            legs.append(leg)
 
     started = time.perf_counter()
     await asyncio.gather(*(worker(k) for k in range(concurrency)))
-    return done / (time.perf_counter() - started)
+    return len(legs) / (time.perf_counter() - started), float(np.mean(legs))
 
 
 def measured_profiles(service_s: dict[str, float], batch_ratio: dict[int, float], weight_bytes: int, load_s: float):
@@ -545,14 +551,16 @@ def device_time_between(run: dict, start_s: float, end_s: float) -> dict[str, di
 
 
 async def replay(handle, workload, slo_s: float, groups=None) -> dict[str, np.ndarray]:
-    """Send every request at its arrival time; per request: latency (s, from its send, NaN if not answered),
-    outcome, and its send lag (s: how late this driver sent it against the trace's arrival time; the simulator
-    replays the trace's times, so a lagging driver would smooth the bursts the live system sees). With `groups`
-    (group replica handles), their engines' totals are read at every progress report (`engine_readings`)."""
+    """Send every request at its arrival time; per request: latency (s, from its send, NaN if not answered), the
+    part of it outside the ingress (`client_leg`, `answered`), outcome, and its send lag (s: how late this driver
+    sent it against the trace's arrival time; the simulator replays the trace's times, so a lagging driver would
+    smooth the bursts the live system sees). With `groups` (group replica handles), their engines' totals are read
+    at every progress report (`engine_readings`)."""
     from ray.serve.exceptions import BackPressureError
 
     n = len(workload)
     latency = np.full(n, np.nan)
+    client_leg = np.full(n, np.nan)
     send_lag = np.full(n, np.nan)
     outcome = np.zeros(n, dtype=np.int8)  # 0 ok, 1 rejected (503 / back pressure), 2 failed
     start = time.perf_counter()
@@ -561,8 +569,7 @@ async def replay(handle, workload, slo_s: float, groups=None) -> dict[str, np.nd
         sent = time.perf_counter()
         send_lag[i] = sent - start - workload.arrival_s[i]
         try:
-            await handle.embed.remote(workload.model_names[workload.model[i]], TEXTS)
-            latency[i] = time.perf_counter() - sent
+            latency[i], client_leg[i] = await answered(handle, workload.model_names[workload.model[i]])
         except BackPressureError:
             outcome[i] = 1
         except Exception as error:  # noqa: BLE001 - sorted into rejected (503) and failed
@@ -595,6 +602,7 @@ async def replay(handle, workload, slo_s: float, groups=None) -> dict[str, np.nd
     engine_readings = [(at, await task) for at, task in engine_tasks]
     met = (outcome == 0) & (latency <= slo_s)
     return {"latency": latency, "outcome": outcome, "met": met, "cpu_readings": cpu_readings, "send_lag": send_lag,
+            "client_leg": client_leg,
             "engine_readings": engine_readings, "start_wall": time.time() - (time.perf_counter() - start)}
 
 
@@ -624,11 +632,12 @@ def sim_config(overhead_s: float, host_contention: float = 0.0) -> SimulatorConf
 
 
 async def calibration_replay(handle, placement, lone_profiles, simulated: SimulatorConfig, total_rate: float,
-                             slo_s: float, seed: int):
+                             slo_s: float, seed: int) -> tuple[ServiceCalibration, float]:
     """Step 2, service-time calibration: a trace of its own seed (never scored) replayed at the scored traces' rate
     and SLO on the deployed application (`placement`, the controller paused); the factor on the lone-request profiles
     at which the simulator reproduces the replay's SLO attainment, or its latency quantile if every SLO was met
-    (`placement.alpaserve.service_calibration`, the fit the controller repeats online on the ingress's records)."""
+    (`placement.alpaserve.service_calibration`, the fit the controller repeats online on the ingress's records), and
+    the mean way back from the ingress to this driver of the replay's answered requests (`answered`)."""
     from placement.alpaserve.service_calibration import calibrate_service_scale
 
     trace = make_trace(total_rate, CALIBRATION_S, slo_s, seed=seed)
@@ -640,7 +649,7 @@ async def calibration_replay(handle, placement, lone_profiles, simulated: Simula
              "lone-request service times (fitted on the %s)", len(trace), calibration.answered,
              calibration.observed_attainment, calibration.simulated_attainment, calibration.scale,
              calibration.target.replace("_", " "))
-    return calibration
+    return calibration, float(np.nanmean(replayed["client_leg"]))
 
 
 def simulate_piecewise(timeline: list[tuple], profiles, workload, config: SimulatorConfig) -> np.ndarray:
@@ -703,14 +712,15 @@ def with_online_scales(timeline: list[tuple], scales: list[tuple[float, float]])
 
 
 def write_records(path: Path, traces: list[dict], lone_s: dict[str, float], batch_ratio: dict[int, float],
-                  simulated: SimulatorConfig, period_s: float, duration_s: float) -> None:
-    """Every replayed request of both runs of each trace and of its warm-up (arrival, model, SLO; latency and
-    outcome, real) with the placements and factors in force, so that other simulator settings can be scored on this
-    run's records offline (`benchmarks/fidelity_replay.py`)."""
+                  simulated: SimulatorConfig, client_round_trip_s: float, period_s: float, duration_s: float) -> None:
+    """Every replayed request of both runs of each trace and of its warm-up (arrival, model, SLO; latency, its part
+    outside the ingress and outcome, real) with the placements and factors in force, so that other simulator settings
+    can be scored on this run's records offline (`benchmarks/fidelity_replay.py`)."""
     import json
 
     def run_records(run: dict) -> dict:
         return {"latency_s": [None if np.isnan(x) else float(x) for x in run["latency"]],
+                "client_leg_s": [None if np.isnan(x) else float(x) for x in run["client_leg"]],
                 "outcome": run["outcome"].tolist(), "send_lag_s": run["send_lag"].tolist()}
 
     def requests(workload) -> dict:
@@ -720,7 +730,8 @@ def write_records(path: Path, traces: list[dict], lone_s: dict[str, float], batc
     records = {
         "lone_service_s": lone_s, "batch_ratio": batch_ratio, "request_overhead_s": simulated.request_overhead_s,
         "host_contention_per_busy_device": simulated.host_contention_per_busy_device,
-        "period_s": period_s, "duration_s": duration_s, "warmup_s": WARMUP_S,
+        "client_round_trip_s": client_round_trip_s, "period_s": period_s, "duration_s": duration_s,
+        "warmup_s": WARMUP_S,
         "traces": [{"seed": t["seed"], **requests(t["trace"]), "static": run_records(t["static"]),
                     "warmup": {**requests(t["warmup_trace"]), **run_records(t["warmup"])},
                     "dynamic": run_records(t["dynamic"]),
@@ -1024,18 +1035,17 @@ async def run(args) -> dict:
                                memory_bytes=16 * 1024**3)
     deploy(profiling_spec, http_options)
     handle = serve.get_app_handle("plexserve")
-    lone_s, overhead_s, batch_ratio = await profile_live(handle)
-    lone_round_trip_s = float(np.median([await timed(handle.placement_version.remote())
-                                         for _ in range(PROFILE_REQUESTS)]))
+    profile = await profile_live(handle)
+    lone_s, overhead_s, batch_ratio = profile.service_s, profile.overhead_s, profile.batch_ratio
+    lone_round_trip_s = profile.client_leg_s
     contention, contention_probe = await measure_host_contention()
-    throughput, loaded_round_trip_s = await while_timing_round_trips(
-        handle, measure_throughput(handle, THROUGHPUT_PROBE_S, THROUGHPUT_CONCURRENCY))
+    throughput, loaded_round_trip_s = await measure_throughput(handle, THROUGHPUT_PROBE_S, THROUGHPUT_CONCURRENCY)
     # The simulator's request overhead counts from the client: the lone requests' overhead through the ingress, its
-    # round trip to the ingress as long as under load. The controller's refits leave that round trip out: the
-    # ingress's records do not hold it (`controller.calibration.client_round_trip_ms`).
+    # way back from the ingress as long as under load. The controller's refits leave that way out: the ingress's
+    # records do not hold it (`controller.calibration.client_round_trip_ms`).
     simulated = sim_config(overhead_s + max(0.0, loaded_round_trip_s - lone_round_trip_s), contention)
     client_round_trip_s = min(loaded_round_trip_s, simulated.request_overhead_s)
-    log.info("round trip to the ingress: %.1f ms lone, %.1f ms at full load; simulated request overhead %.1f ms "
+    log.info("way back from the ingress: %.1f ms lone, %.1f ms at full load; simulated request overhead %.1f ms "
              "(%.1f ms lone)", 1e3 * lone_round_trip_s, 1e3 * loaded_round_trip_s, 1e3 * simulated.request_overhead_s,
              1e3 * overhead_s)
     # Per-request device time at full load: the devices' share of the measured throughput, split by lone-time ratios.
@@ -1069,10 +1079,10 @@ async def run(args) -> dict:
     await controller.pause.remote(True)
     for model in MODELS:
         await handle.embed.remote(model, TEXTS)
-    calibration, trace_round_trip_s = await while_timing_round_trips(
-        handle, calibration_replay(handle, initial, lone_profiles, simulated, total_rate, slo_s,
-                                   seed=args.seed + CALIBRATION_SEED_OFFSET))
-    log.info("round trip to the ingress at the traces' load: %.1f ms", 1e3 * trace_round_trip_s)
+    calibration, trace_round_trip_s = await calibration_replay(handle, initial, lone_profiles, simulated, total_rate,
+                                                               slo_s, seed=args.seed + CALIBRATION_SEED_OFFSET)
+    log.info("way back from the ingress at the traces' load: %.1f ms (the controller's refits leave out %.1f ms)",
+             1e3 * trace_round_trip_s, 1e3 * client_round_trip_s)
     service_s = {m: s * calibration.scale for m, s in lone_s.items()}
     profile_sets = {"lone": lone_profiles,
                     "calibrated": measured_profiles(service_s, batch_ratio, weight_bytes, load_s),
@@ -1096,7 +1106,8 @@ async def run(args) -> dict:
           "static (real)": last["static"]["met"],
           "static (sim)": last["static_sim"]},
          last["changes"], duration_s)
-    write_records(out_dir() / "fidelity_records.json", traces, lone_s, batch_ratio, simulated, period_s, duration_s)
+    write_records(out_dir() / "fidelity_records.json", traces, lone_s, batch_ratio, simulated, client_round_trip_s,
+                  period_s, duration_s)
     failed_accepted = int(sum(t["failed_during_replay"] for t in traces) + burst["failed"] + steady["failed"])
     per_trace = [{k: v for k, v in t.items()
                   if k not in ("trace", "initial", "static", "dynamic", "static_sim", "dynamic_sim", "dynamic_at_end",

@@ -13,13 +13,14 @@ controller run piecewise on the placements in force with the factor in force (as
 smoothing`) and the simulator's host contention (`planning.simulation.host_contention_per_busy_device`; "recorded" is
 what the run measured).
 
-The records' latencies are this driver's (the client's), so the replay fits them with the simulator's whole request
-overhead, where the live controller fits the ingress's records with it less the client's round trip to the ingress
-(`controller.calibration.client_round_trip_ms`). Approximations, named: the chain starts at factor 1.0 with the first
-trace's static run (the live controller had also refitted on the calibration replay, whose records are not kept); the
-warm-up follows the static run at once and the controller run follows the warm-up at once (the benchmark also waits for
-the placement reset and for the last answers). Records written before the warm-up existed: the controller run follows
-its static run after one period.
+Which latencies the refits fit (`clock`): "client", this driver's, with the simulator's whole request overhead; or
+"ingress", as the live controller does, the ingress's (each request's latency less its part outside the ingress, which
+records written since 2026-11-27 22:00 carry) with that overhead less the client's round trip the run gave the
+controller (`controller.calibration.client_round_trip_ms`). Either way the controller run is scored on the client's
+latencies. Approximations, named: the chain starts at factor 1.0 with the first trace's static run (the live controller
+had also refitted on the calibration replay, whose records are not kept); the warm-up follows the static run at once and
+the controller run follows the warm-up at once (the benchmark also waits for the placement reset and for the last
+answers). Records written before the warm-up existed: the controller run follows its static run after one period.
 
     python benchmarks/fidelity_replay.py --quick [--records benchmarks/out/fidelity_records.json]
 """
@@ -52,6 +53,8 @@ FULL_WINDOWS_S = (10.0, 30.0, 60.0, 90.0)
 SMOOTHINGS = (0.0, 0.5)
 QUICK_CONTENTIONS = ("recorded",)
 FULL_CONTENTIONS = (0.0, "recorded")
+#: Latencies the refits fit (the ingress's where the records carry them).
+CLOCKS = ("client", "ingress")
 #: Defaults for records written before they carried the run's period and report period.
 DEFAULT_PERIOD_S = 10.0
 REPORT_PERIOD_S = 1.0
@@ -72,9 +75,12 @@ def workload_of(trace: dict):
                     np.asarray(trace["model"], dtype=np.int32), np.asarray(trace["slo_s"], dtype=float))
 
 
-def latencies_of(run: dict) -> np.ndarray:
-    """Per request: latency in seconds, NaN where not answered (refused or failed)."""
+def latencies_of(run: dict, clock: str = "client") -> np.ndarray:
+    """Per request: latency in seconds, NaN where not answered (refused or failed); this driver's, or with `clock`
+    "ingress" the ingress's (less the request's part outside it)."""
     latency = np.array([np.nan if x is None else x for x in run["latency_s"]], dtype=float)
+    if clock == "ingress":
+        latency -= np.array([np.nan if x is None else x for x in run["client_leg_s"]], dtype=float)
     latency[np.asarray(run["outcome"]) != 0] = np.nan
     return latency
 
@@ -82,18 +88,22 @@ def latencies_of(run: dict) -> np.ndarray:
 class RefitReplay:
     """One chain of refits over a run's records, as the live controller made them."""
 
-    def __init__(self, records: dict, window_s: float, contention: float, smoothing: float = DEFAULT_SMOOTHING):
+    def __init__(self, records: dict, window_s: float, contention: float, smoothing: float = DEFAULT_SMOOTHING,
+                 clock: str = "client"):
         from placement.alpaserve.planner import PlannerConfig
         from placement.alpaserve.replanning import ReplanPolicy
         from placement.core.calibration_settings import ServiceCalibrationSettings, calibration_settle_s
 
         self.period_s = float(records.get("period_s", DEFAULT_PERIOD_S))
         self.simulated = sim_config(records["request_overhead_s"], contention)
+        self.clock = clock
+        round_trip_ms = 1e3 * records["client_round_trip_s"] if clock == "ingress" else 0.0
         self.profiles = measured_profiles(records["lone_service_s"],
                                           {int(b): r for b, r in records["batch_ratio"].items()}, 1, 0.0)
         self.policy = ReplanPolicy(profiles=self.profiles, num_devices=NUM_DEVICES, device_memory_bytes=1 << 40,
                                    planner=PlannerConfig(max_group_devices=1, simulator=self.simulated),
-                                   calibration=ServiceCalibrationSettings(window_s=window_s, smoothing=smoothing))
+                                   calibration=ServiceCalibrationSettings(window_s=window_s, smoothing=smoothing,
+                                                                          client_round_trip_ms=round_trip_ms))
         self.window_s = max(window_s, self.period_s)
         self.warmup_s = float(records.get("warmup_s", 0.0))
         slo = max(max(t["slo_s"]) for t in records["traces"])
@@ -123,7 +133,7 @@ class RefitReplay:
         workload = workload_of(trace)
         duration = float(workload.arrival_s.max()) + 1e-9
         initial = placement_of(trace["initial"])
-        static_latency = latencies_of(trace["static"])
+        static_latency = latencies_of(trace["static"], self.clock)
         for now in np.arange(self.period_s, duration + self.period_s, self.period_s):
             self.refit(initial, workload, static_latency, float(now), 0.0)
         # One clock for the static run, the warm-up (or, in older records, one idle period) and the controller run:
@@ -132,9 +142,9 @@ class RefitReplay:
         offset = duration + self.period_s
         if "warmup" in trace:
             warmup = workload_of(trace["warmup"])
-            parts.append((warmup, latencies_of(trace["warmup"]), duration))
+            parts.append((warmup, latencies_of(trace["warmup"], self.clock), duration))
             offset = duration + self.warmup_s
-        parts.append((workload, latencies_of(trace["dynamic"]), offset))
+        parts.append((workload, latencies_of(trace["dynamic"], self.clock), offset))
         both = Workload.merge([Workload(w.model_names, w.arrival_s + at, w.model, w.slo_s) for w, _, at in parts])
         order = np.argsort(np.concatenate([w.arrival_s + at for w, _, at in parts]), kind="stable")
         latency = np.concatenate([lat for _, lat, _ in parts])[order]
@@ -165,18 +175,20 @@ def main() -> None:
         raise SystemExit(f"--records {args.records}: no such file (run benchmarks/fidelity.py first)")
     records = json.loads(args.records.read_text())
     recorded = float(records["host_contention_per_busy_device"])
-    settings = [(w, recorded if c == "recorded" else float(c), smoothing)
+    clocks = CLOCKS if "client_leg_s" in records["traces"][0]["dynamic"] else ("client",)
+    settings = [(w, recorded if c == "recorded" else float(c), smoothing, clock)
                 for w in (QUICK_WINDOWS_S if args.quick else FULL_WINDOWS_S)
                 for smoothing in SMOOTHINGS
-                for c in (QUICK_CONTENTIONS if args.quick else FULL_CONTENTIONS)]
+                for c in (QUICK_CONTENTIONS if args.quick else FULL_CONTENTIONS)
+                for clock in clocks]
     results = []
-    for k, (window_s, contention, smoothing) in enumerate(settings):
-        replay = RefitReplay(records, window_s, contention, smoothing)
+    for k, (window_s, contention, smoothing, clock) in enumerate(settings):
+        replay = RefitReplay(records, window_s, contention, smoothing, clock)
         gaps = [replay.trace_gap(trace) for trace in records["traces"]]
         results.append({"window_s": window_s, "smoothing": smoothing, "host_contention_per_busy_device": contention,
-                        "signed_gap_per_trace": gaps, "abs_gap_max": max(abs(g) for g in gaps)})
-        log.info("%d/%d window %.0f s, smoothing %.2f, contention %.2f: simulated - real per trace %s "
-                 "(abs_gap_max %.3f)", k + 1, len(settings), window_s, smoothing, contention,
+                        "clock": clock, "signed_gap_per_trace": gaps, "abs_gap_max": max(abs(g) for g in gaps)})
+        log.info("%d/%d window %.0f s, smoothing %.2f, contention %.2f, %s clock: simulated - real per trace %s "
+                 "(abs_gap_max %.3f)", k + 1, len(settings), window_s, smoothing, contention, clock,
                  [round(g, 3) for g in gaps], results[-1]["abs_gap_max"])
     best = min(results, key=lambda r: r["abs_gap_max"])
     emit_json({"records": str(args.records), "settings": results, "best_window_s": best["window_s"],

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import time
 
 import numpy as np
 import pytest
@@ -98,6 +99,17 @@ def test_the_issues_four_bodies_get_4xx(app, path, body, error_type):
     response = post(app, path, data=body, headers={"Content-Type": "application/json"})
     assert 400 <= response.status_code < 500, response.text
     assert response.json()["error"]["type"] == error_type
+
+
+def test_a_stamped_send_time_starts_the_clock_and_a_bad_one_gets_a_4xx(app):
+    sent_ms = int((time.time() - 0.3) * 1000)  # a proxy's X-Request-Start, in milliseconds, 0.3 s ago
+    stamped = post(app, "/v1/models/minilm/embed", json={"texts": ["a"]}, headers={"X-Request-Start": f"t={sent_ms}"})
+    assert stamped.status_code == 200, stamped.text
+    assert stamped.json()["ingress_latency_ms"] >= 300.0  # the way to the ingress counts
+    for value, status in [("t=yesterday", 400), (f"t={time.time() + 60:.3f}", 422)]:
+        refused = post(app, "/v1/models/minilm/embed", json={"texts": ["a"]}, headers={"X-Request-Start": value})
+        assert refused.status_code == status and refused.json()["error"]["field"] == "X-Request-Start", refused.text
+    assert embed(app, ["still served"]).shape == (1, 384)
 
 
 def test_fastapi_errors_health_and_docs(app):

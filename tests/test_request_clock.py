@@ -13,6 +13,7 @@ from placement.core.deployment_spec import parse_spec
 from rayserve_apps.edge.attainment import SloAttainment
 from rayserve_apps.ingress.deployment import Ingress
 from rayserve_apps.ingress.request_clock import Received, received_at, receiving
+from rayserve_apps.requests import RequestError
 
 SLO_MS = 200.0
 SOURCE = "package:all-minilm-l6-v2"
@@ -88,6 +89,58 @@ def test_an_http_route_is_timed_from_its_arrival(ingress):
     (record,) = ingress.traffic.records
     assert record.arrival_s == received.wall_s
     assert record.latency_ms >= 50.0  # the body's read counts
+
+
+def test_the_answer_carries_the_latency_the_ingress_counted(ingress):
+    async def client() -> tuple[dict, float]:
+        sent = time.monotonic()
+        await asyncio.sleep(0.03)  # the way to the ingress, which the ingress does not see
+        with receiving():
+            await asyncio.sleep(0.05)  # reading and parsing the body, which it counts
+            answer = await ingress.embed("minilm", ["a passage"])
+        await asyncio.sleep(0.02)  # the way back
+        return answer, (time.monotonic() - sent) * 1e3
+
+    answer, client_ms = asyncio.run(client())
+    (record,) = ingress.traffic.records
+    # What the records hold (and the SLO attainment counts), measured as the model answered; the client's latency
+    # less it is the way to the ingress and back (`controller.calibration.client_round_trip_ms`).
+    assert 50.0 <= record.latency_ms <= answer["ingress_latency_ms"] <= client_ms - 50.0
+
+
+def test_a_handle_call_stamped_with_its_send_time_is_timed_from_it(ingress):
+    sent_s = time.time() - 0.08  # the client sent it 80 ms ago
+    called = time.monotonic()
+    answer = asyncio.run(ingress.embed("minilm", ["a passage"], sent_at_s=sent_s))
+    (record,) = ingress.traffic.records
+    (deadline_s,) = ingress.backend.deadlines
+    assert record.arrival_s == pytest.approx(sent_s, abs=1e-3)
+    assert deadline_s - SLO_MS / 1e3 <= called - 0.08 + 1e-3  # the way to the ingress spent part of the SLO
+    assert 80.0 <= record.latency_ms <= answer["ingress_latency_ms"]
+
+
+@pytest.mark.parametrize("ahead_s, accepted", [(0.5, True), (5.0, False), (-7200.0, False), (float("nan"), False)])
+def test_a_send_time_the_clocks_cannot_explain_is_refused_naming_the_argument(ingress, ahead_s, accepted):
+    call = ingress.embed("minilm", ["a passage"], sent_at_s=time.time() + ahead_s)
+    if accepted:  # a client's clock slightly ahead: timed from the arrival
+        assert 0.0 <= asyncio.run(call)["ingress_latency_ms"] < 500.0
+        return
+    with pytest.raises(RequestError) as refused:
+        asyncio.run(call)
+    assert refused.value.status_code == 422 and refused.value.field == "sent_at_s"
+    assert ingress.traffic.records == [] and ingress.backend.deadlines == []  # nothing reached a model
+
+
+@pytest.mark.parametrize("scale, text", [(1.0, "t={:.3f}"), (1e3, "t={:.0f}"), (1e6, "t={:.0f}"), (1.0, "{:.6f}")])
+def test_x_request_start_reads_seconds_milliseconds_and_microseconds(scale, text):
+    sent_s = time.time() - 0.25
+    received = Received.from_header(text.format(sent_s * scale))
+    assert received.wall_s == pytest.approx(sent_s, abs=2e-3)
+    assert received.elapsed_ms() >= 248.0
+    assert Received.from_header(None).elapsed_ms() < 50.0
+    with pytest.raises(RequestError) as bad:
+        Received.from_header("t=12:00")
+    assert bad.value.status_code == 400 and bad.value.field == "X-Request-Start"
 
 
 def test_each_route_keeps_its_own_clock_and_a_handle_call_starts_a_new_one():

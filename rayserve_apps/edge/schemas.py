@@ -52,6 +52,10 @@ class EmbedRequest(StrictBody):
 class EmbedResponse(BaseModel):
     model: str
     embeddings: list[list[float]] = Field(description="One vector per text, in input order.")
+    ingress_latency_ms: float = Field(description="Milliseconds from when the ingress received the request until the "
+                                                  "model answered: the latency its SLO attainment and the placement "
+                                                  "controller's records count. A client's own latency less this is "
+                                                  "its way to the ingress and back.")
 
 
 class ClassifyRequest(StrictBody):
@@ -105,6 +109,10 @@ class Prediction(BaseModel):
 class ClassifyResponse(BaseModel):
     model: str
     predictions: list[Prediction]
+    ingress_latency_ms: float = Field(description="Milliseconds from when the ingress received the request until the "
+                                                  "model answered: the latency its SLO attainment and the placement "
+                                                  "controller's records count. A client's own latency less this is "
+                                                  "its way to the ingress and back.")
 
 
 BodyModel = TypeVar("BodyModel", bound=BaseModel)

@@ -1,10 +1,12 @@
 """The front door: HTTP routes and a Python handle API over the same validation and dispatch.
 
 HTTP (FastAPI inside Ray Serve):
-- `POST /v1/models/{name}/embed`     body `{"texts": [...]}` -> `{"model", "embeddings": [[...], ...]}` in input order
+- `POST /v1/models/{name}/embed`     body `{"texts": [...]}` -> `{"model", "embeddings": [[...], ...],
+  "ingress_latency_ms"}` in input order
 - `POST /v1/models/{name}/classify`  body `{"images": [N][C][H][W], "dtype": "float32"|"uint8"}` or
   `{"images_base64": ["<PNG or JPEG>", ...]}`, optional `"top_k"`, and, for a
-  token-adaptation (OTAS) model, optional `"task"`, `"slo_ms"`, `"utility"` -> `{"model", "predictions"}`
+  token-adaptation (OTAS) model, optional `"task"`, `"slo_ms"`, `"utility"` -> `{"model", "predictions",
+  "ingress_latency_ms"}`
 - `GET  /v1/models`                  the served models with their kind and limits
 - `GET  /v1/placement`               the live placement (groups, their models, replicas) or the per-model layout
 - `GET  /v1/placement/history`       the placement controller's recent decisions (`?limit=N`)
@@ -14,9 +16,11 @@ HTTP (FastAPI inside Ray Serve):
   `POST /v2/models/{name}/infer`     the KServe/Triton v2 protocol (`rayserve_apps/edge/kserve.py`)
 
 Every error, FastAPI's own included, is `{"error": {"type", "message", "field"}}`; request and response bodies are
-pydantic models (`rayserve_apps/edge/schemas.py`) shown at `/docs`.
+pydantic models (`rayserve_apps/edge/schemas.py`) shown at `/docs`. A request's clock starts when it arrives, or
+at its client's `X-Request-Start` header (`request_clock.py`).
 
-Python: `handle.embed.remote(model, texts)`, `handle.classify.remote(model, images)`, `handle.list_models.remote()`
+Python: `handle.embed.remote(model, texts)`, `handle.classify.remote(model, images)` (each also takes `sent_at_s`,
+the client's send time), `handle.list_models.remote()`
 on the application's handle (`serve.get_app_handle("plexserve")`). Bad input raises `RequestError` (a
 `ValueError`) there and becomes a 4xx JSON body over HTTP.
 """
@@ -24,7 +28,6 @@ on the application's handle (`serve.get_app_handle("plexserve")`). Bad input rai
 
 import asyncio
 import logging
-import time
 from typing import Any, Awaitable, Callable
 
 from fastapi import FastAPI, Request
@@ -42,7 +45,7 @@ from rayserve_apps.contracts import polymorphing_params
 from rayserve_apps.edge import kserve, native, openai_api
 from rayserve_apps.edge.answer import answer, embedding_lists, guarded
 from rayserve_apps.edge.attainment import SloAttainment
-from rayserve_apps.edge.errors import install_error_handlers
+from rayserve_apps.edge.errors import error_response, install_error_handlers
 from rayserve_apps.edge.health import group_info
 from rayserve_apps.edge.schemas import (
     ERROR_RESPONSES,
@@ -53,7 +56,7 @@ from rayserve_apps.edge.schemas import (
     json_body,
 )
 from rayserve_apps.ingress.backends import Backend, GroupBackend, ModelDeploymentBackend, ModelRouterBackend
-from rayserve_apps.ingress.request_clock import Received, received_at, receiving
+from rayserve_apps.ingress.request_clock import REQUEST_START_HEADER, Received, received_at, receiving
 from rayserve_apps.ingress.traffic_reporter import TrafficReporter
 from rayserve_apps.requests import (
     ImageContract,
@@ -134,8 +137,10 @@ class Ingress:
 
     # ---- Python API (also what the HTTP routes call) ----
 
-    async def embed(self, model: str, texts: list[str]) -> dict[str, Any]:
-        received = received_at()
+    async def embed(self, model: str, texts: list[str], sent_at_s: float | None = None) -> dict[str, Any]:
+        """Embed `texts`; `sent_at_s` (Unix seconds): when the client sent the call, where its clock starts
+        (`request_clock.py`)."""
+        received = received_at(sent_at_s)
         spec = find_model(self.spec, model, "text")
         texts = check_texts({"texts": texts}, self.spec.serving.max_items_per_request)
         tokenizer, limit = self.tokenizers[model], self.text_limits[model]
@@ -145,12 +150,14 @@ class Ingress:
         else:
             token_ids = tokenizer.encode(texts, truncate_to=limit)
         rows = await self._call(spec, "embed_token_ids", token_ids, received=received)
-        return {"model": model, "embeddings": embedding_lists(rows)}
+        return {"model": model, "embeddings": embedding_lists(rows), "ingress_latency_ms": received.elapsed_ms()}
 
     async def classify(self, model: str, images: Any, dtype: str = "float32", task: str | None = None,
-                       slo_ms: float | None = None, utility: float | None = None) -> dict[str, Any]:
-        """Classify images; `task`, `slo_ms` and `utility` describe the query to a token-adaptation (OTAS) model."""
-        received = received_at()
+                       slo_ms: float | None = None, utility: float | None = None,
+                       sent_at_s: float | None = None) -> dict[str, Any]:
+        """Classify images; `task`, `slo_ms` and `utility` describe the query to a token-adaptation (OTAS) model;
+        `sent_at_s` as for `embed`."""
+        received = received_at(sent_at_s)
         spec = find_model(self.spec, model, "vision")
         contract = ImageContract(spec.in_chans, spec.image_size_px or 224, spec.image_size_px or 224)
         body = {"images": images, "dtype": dtype, "task": task, "slo_ms": slo_ms, "utility": utility}
@@ -159,7 +166,7 @@ class Ingress:
         kwargs = {"task_id": options.get("task"), "slo_ms": options.get("slo_ms"), "utility": options.get("utility")}
         predictions = await self._call(spec, "classify", array, {k: v for k, v in kwargs.items() if v is not None},
                                        slo_ms=options.get("slo_ms"), received=received)
-        return {"model": model, "predictions": predictions}
+        return {"model": model, "predictions": predictions, "ingress_latency_ms": received.elapsed_ms()}
 
     def list_models(self) -> dict[str, Any]:
         return {"models": [describe_model(m, self.text_limits.get(m.name)) for m in self.spec.models]}
@@ -210,7 +217,7 @@ class Ingress:
             self._report(RequestRecord(model, arrival, "failed", input_tokens=tokens))
             self._record_attainment(model, met=False)
             raise
-        latency_ms = (time.monotonic() - start) * 1000.0
+        latency_ms = received.elapsed_ms()
         met = latency_ms <= spec.slo_ms  # the model's SLO: a client's slo_ms sets its deadline, not what counts as met
         self._report(RequestRecord(model, arrival, "ok", latency_ms=latency_ms, slo_met=met, input_tokens=tokens))
         metrics.requests_total().inc(tags={"model": model, "outcome": "ok"})
@@ -229,9 +236,19 @@ class Ingress:
 
     # ---- HTTP ----
 
+    @staticmethod
+    async def _on_clock(request: Request, respond: Callable[[], Awaitable[Response]]) -> Response:
+        """`respond()` with the request's clock started: before its body is read, or at the send time its client
+        stamped in `X-Request-Start` (a 4xx for one that cannot be)."""
+        try:
+            received = Received.from_header(request.headers.get(REQUEST_START_HEADER))
+        except RequestError as error:
+            return error_response(error)
+        with receiving(received):
+            return await respond()
+
     async def _answer(self, request: Request, call: Callable[[dict[str, Any]], Awaitable[Any]]) -> Response:
-        with receiving():  # the request's clock starts before its body is read
-            return await answer(request, self.spec.serving.max_request_bytes, call)
+        return await self._on_clock(request, lambda: answer(request, self.spec.serving.max_request_bytes, call))
 
     @app.post("/v1/models/{name}/embed", response_model=EmbedResponse, responses=ERROR_RESPONSES,
               openapi_extra=json_body(EmbedRequest))
@@ -306,5 +323,4 @@ class Ingress:
 
     @app.post("/v2/models/{name}/infer", responses=ERROR_RESPONSES, openapi_extra=json_body(kserve.InferRequest))
     async def http_v2_infer(self, name: str, request: Request) -> Response:
-        with receiving():
-            return await guarded(kserve.infer(self, name, request))
+        return await self._on_clock(request, lambda: guarded(kserve.infer(self, name, request)))
