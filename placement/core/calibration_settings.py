@@ -62,10 +62,13 @@ class ServiceCalibrationSettings(BaseModel):
                                         "or calibration restart.")
     client_round_trip_ms: float = Field(default=0.0, ge=0,
                                         description="Milliseconds of each request's latency that its client sees "
-                                                    "and the ingress's records do not: the way from the client to "
-                                                    "the ingress replica and back (part of "
+                                                    "and the ingress's records do not: the way back from the "
+                                                    "ingress replica to the client, and the way there unless the "
+                                                    "clients stamp their send time (`X-Request-Start`, "
+                                                    "`sent_at_s`); the clients' latency less the answers' "
+                                                    "`ingress_latency_ms`, on average. Part of "
                                                     "`planning.simulation.request_overhead_ms`, which counts from "
-                                                    "the client). The refits simulate the records with the request "
+                                                    "the client: the refits simulate the records with the request "
                                                     "overhead less these, as the ingress's clock counts; the "
                                                     "decisions judge with the whole overhead.")
     refit_loading_slowdown: bool = Field(default=True,

@@ -45,6 +45,14 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
+#: What an answer's `ingress_latency_ms` is (`rayserve_apps/ingress/request_clock.py`).
+INGRESS_LATENCY_DESCRIPTION = ("Milliseconds from when the request's clock started (its arrival at the ingress, or the "
+                               "send time its client stamped in X-Request-Start) until the model answered: the latency "
+                               "its SLO attainment and the placement controller's records count. A client's own "
+                               "latency less this is what the ingress did not see: the way back, and the way there "
+                               "unless the client stamped its send time.")
+
+
 class EmbedRequest(StrictBody):
     texts: list[Text] = Field(min_length=1, description="Texts to embed, in order; each non-empty.")
 
@@ -52,10 +60,7 @@ class EmbedRequest(StrictBody):
 class EmbedResponse(BaseModel):
     model: str
     embeddings: list[list[float]] = Field(description="One vector per text, in input order.")
-    ingress_latency_ms: float = Field(description="Milliseconds from when the ingress received the request until the "
-                                                  "model answered: the latency its SLO attainment and the placement "
-                                                  "controller's records count. A client's own latency less this is "
-                                                  "its way to the ingress and back.")
+    ingress_latency_ms: float = Field(description=INGRESS_LATENCY_DESCRIPTION)
 
 
 class ClassifyRequest(StrictBody):
@@ -109,10 +114,7 @@ class Prediction(BaseModel):
 class ClassifyResponse(BaseModel):
     model: str
     predictions: list[Prediction]
-    ingress_latency_ms: float = Field(description="Milliseconds from when the ingress received the request until the "
-                                                  "model answered: the latency its SLO attainment and the placement "
-                                                  "controller's records count. A client's own latency less this is "
-                                                  "its way to the ingress and back.")
+    ingress_latency_ms: float = Field(description=INGRESS_LATENCY_DESCRIPTION)
 
 
 BodyModel = TypeVar("BodyModel", bound=BaseModel)
