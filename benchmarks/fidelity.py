@@ -718,9 +718,11 @@ def write_records(path: Path, traces: list[dict], lone_s: dict[str, float], batc
     can be scored on this run's records offline (`benchmarks/fidelity_replay.py`)."""
     import json
 
+    def nullable(values: np.ndarray) -> list[float | None]:  # JSON has no NaN: null where not answered
+        return [None if np.isnan(x) else float(x) for x in values]
+
     def run_records(run: dict) -> dict:
-        return {"latency_s": [None if np.isnan(x) else float(x) for x in run["latency"]],
-                "client_leg_s": [None if np.isnan(x) else float(x) for x in run["client_leg"]],
+        return {"latency_s": nullable(run["latency"]), "client_leg_s": nullable(run["client_leg"]),
                 "outcome": run["outcome"].tolist(), "send_lag_s": run["send_lag"].tolist()}
 
     def requests(workload) -> dict:

@@ -78,9 +78,12 @@ def workload_of(trace: dict):
 def latencies_of(run: dict, clock: str = "client") -> np.ndarray:
     """Per request: latency in seconds, NaN where not answered (refused or failed); this driver's, or with `clock`
     "ingress" the ingress's (less the request's part outside it)."""
-    latency = np.array([np.nan if x is None else x for x in run["latency_s"]], dtype=float)
+    def floats(values: list[float | None]) -> np.ndarray:  # the records' nulls (not answered) as NaN
+        return np.array([np.nan if x is None else x for x in values], dtype=float)
+
+    latency = floats(run["latency_s"])
     if clock == "ingress":
-        latency -= np.array([np.nan if x is None else x for x in run["client_leg_s"]], dtype=float)
+        latency -= floats(run["client_leg_s"])
     latency[np.asarray(run["outcome"]) != 0] = np.nan
     return latency
 
