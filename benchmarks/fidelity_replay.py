@@ -114,7 +114,6 @@ class RefitReplay:
 
     def refit(self, placement, workload, latency: np.ndarray, now_s: float, since_s: float) -> float:
         """Refit at `now_s` on the requests of [max(now - window, since), now - settle); the factor in force after."""
-        from placement.core.calibration_settings import calibration_window_share
         from placement.core.traffic_window import ObservedTraffic
 
         start = max(now_s - self.window_s, since_s)
@@ -126,7 +125,7 @@ class RefitReplay:
                for m in range(len(workload.model_names))]
         traffic = ObservedTraffic(list(workload.model_names), [workload.arrival_s[i] - start for i in per_model],
                                   now_s - start - self.settle_s, slo, [latency[i] for i in per_model])
-        self.policy.calibrate(placement, traffic, self.settle_s, calibration_window_share(now_s - start, self.window_s))
+        self.policy.calibrate(placement, traffic, self.settle_s)
         return self.policy.service_scale
 
     def trace_gap(self, trace: dict) -> float:

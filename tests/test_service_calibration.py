@@ -19,7 +19,7 @@ from placement.alpaserve.service_calibration import (
 from placement.alpaserve.simulator import SERVED, SimulatorConfig, simulate
 from placement.alpaserve.transition import scaled_profiles
 from placement.core.arrivals import GammaProcess
-from placement.core.calibration_settings import ServiceCalibrationSettings, calibration_window_share
+from placement.core.calibration_settings import ServiceCalibrationSettings
 from placement.core.deployment_spec import parse_spec
 from placement.core.placement_plan import GroupPlacement, Placement
 from placement.core.profiles import ConfigProfile, ModelProfile, ParallelConfig, ProfileSet, StageProfile
@@ -214,30 +214,6 @@ def test_the_policy_recalibrates_its_profiles_from_the_window_and_smooths():
     # The simulator the policy judges with sees the calibrated latencies.
     assert simulated_latency_quantile(both_everywhere(), policy.profiles, workload, PLAIN, 0.5) > \
         simulated_latency_quantile(both_everywhere(), LONE, workload, PLAIN, 0.5)
-
-
-def test_a_window_cut_short_by_a_move_weighs_its_fit_by_its_share_of_a_full_window():
-    workload = trace(40.0, seed=5)
-    observed = observed_from(workload, live_latencies(workload, scaled_profiles(LONE, 2.0), PLAIN))
-    faster = observed_from(workload, live_latencies(workload, LONE, PLAIN))
-    policy = replan(ServiceCalibrationSettings())
-    first = policy.calibrate(both_everywhere(), observed, window_share=0.25)
-    assert policy.service_scale == first.scale  # nothing in force yet: the first fit is taken as it is
-    # A third of a window after a move: the fit counts a third, the factor in force the rest (geometric).
-    share = calibration_window_share(10.0, 30.0)
-    assert share == pytest.approx(1 / 3)
-    second = policy.calibrate(both_everywhere(), faster, window_share=share)
-    assert policy.service_scale == pytest.approx(first.scale ** (2 / 3) * second.scale ** (1 / 3), rel=1e-6)
-    # A full window (or more) is taken as it is; with smoothing, the share weighs what smoothing leaves the fit.
-    assert calibration_window_share(45.0, 30.0) == 1.0
-    smoothed = replan(ServiceCalibrationSettings(smoothing=0.5))
-    smoothed.calibrate(both_everywhere(), observed)
-    smoothed.calibrate(both_everywhere(), faster, window_share=0.5)
-    assert smoothed.service_scale == pytest.approx(first.scale ** 0.75 * second.scale ** 0.25, rel=1e-6)
-    with pytest.raises(ValueError, match="window_share"):
-        policy.calibrate(both_everywhere(), faster, window_share=0.0)
-    with pytest.raises(ValueError, match="span_s"):
-        calibration_window_share(0.0, 30.0)
 
 
 def test_a_refit_on_the_ingress_records_leaves_out_the_clients_round_trip_to_the_ingress():

@@ -219,17 +219,12 @@ class ReplanPolicy:
         self._loading_profiles = (scaled_profiles(self.profiles, self.transition.loading_slowdown)
                                   if self.transition is not None else None)
 
-    def calibrate(self, current: Placement, traffic: ObservedTraffic, warmup_s: float = 0.0,
-                  window_share: float = 1.0) -> ServiceCalibration | None:
+    def calibrate(self, current: Placement, traffic: ObservedTraffic,
+                  warmup_s: float = 0.0) -> ServiceCalibration | None:
         """Refit the service-time factor on the observation's answered latencies, served by `current` (the window
         just past: it calibrates the next decision, never the one it is judged on), blended with the factor in force
         by `calibration.smoothing` (geometric); the window's first `warmup_s` seconds only fill the simulated queues.
-        `window_share` (0-1]: the share of a full calibration window the observation spans. A window cut short by a
-        placement change or a calibration restart weighs the fit by its share and lets the factor in force stand for
-        the rest, as if the full window had been fitted (`calibration_window_share`). None (factor unchanged) without
-        enough answers or latencies."""
-        if not 0 < window_share <= 1:
-            raise ValueError(f"window_share={window_share}: must be in (0, 1]")
+        None (factor unchanged) without enough answers or latencies."""
         settings = self.calibration
         if settings is None or traffic.latency_s is None:
             return None
@@ -239,7 +234,7 @@ class ReplanPolicy:
                                          warmup_s)
         if fitted is None:
             return None
-        keep = 1 - (1 - settings.smoothing) * window_share if self.last_calibration is not None else 0.0
+        keep = settings.smoothing if self.last_calibration is not None else 0.0
         self._set_scale(_geometric_blend(self.service_scale, fitted.scale, keep))
         self.last_calibration = fitted
         return fitted

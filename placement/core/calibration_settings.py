@@ -37,18 +37,6 @@ def calibration_settle_s(max_slo_s: float, report_period_s: float, period_s: flo
     return min(CALIBRATION_SETTLE_SLOS * max_slo_s + report_period_s, period_s / 4)
 
 
-def calibration_window_share(span_s: float, window_s: float) -> float:
-    """The weight of a service-time refit on `span_s` seconds of records against the factor in force, `window_s` being
-    a full window's seconds: a window cut short by a placement change or a calibration restart counts in proportion to
-    its span, and the factor in force stands for the rest. The first refit after a move rests on one period's records
-    (70-80 answers in the fidelity traces) and once dipped from x1.43 to x1.06 and back; replayed on nine fidelity
-    runs' records (27 traces, `benchmarks/fidelity_replay.py`, 2026-11-28), this weighting left the simulated-minus-
-    real attainment's spread at 0.009 instead of 0.011 and its worst case at 0.036 instead of 0.041."""
-    if span_s <= 0 or window_s <= 0:
-        raise ValueError(f"span_s={span_s}, window_s={window_s}: both must be > 0")
-    return min(1.0, span_s / window_s)
-
-
 class ServiceCalibrationSettings(BaseModel):
     """Online calibration of the service-time factor and of the loading slowdown (see the module doc)."""
 

@@ -59,7 +59,7 @@ from placement.alpaserve.shift_trigger import ShiftTrigger
 from placement.alpaserve.transition import Span, serving_placement
 from placement.alpaserve.transition_calibration import LoadingCalibration, RolloutRun
 from placement.arlo.live_allocator import AllocationDecision
-from placement.core.calibration_settings import calibration_settle_s, calibration_window_share
+from placement.core.calibration_settings import calibration_settle_s
 from placement.core.deployment_spec import DeploymentSpec, parse_spec
 from placement.core.placement_plan import GroupPlacement, Placement
 from placement.core.profiles import ParallelConfig
@@ -391,8 +391,7 @@ class PlacementController:
         period of either (loading slows serving; a restarted window holds too few requests). The requests of the
         window's last seconds are left out until every one of them has ended and been reported
         (`calibration_settle_s`: two SLOs plus a report period): the window's newest records are its fast answers. Its
-        first as many seconds only fill the simulated queues (the live ones held the earlier requests' backlog). A
-        window that starts at the change or restart is a share of a full one (`calibration_window_share`). None:
+        first as many seconds only fill the simulated queues (the live ones held the earlier requests' backlog). None:
         nothing refitted."""
         now = time.time() if now is None else now
         since_s = self._calibration_since_s()
@@ -401,8 +400,7 @@ class PlacementController:
         settle_s = self._settle_s()
         traffic = self.traffic.observed(now, self.models, self.slo_s, settle_s=settle_s, since_s=since_s,
                                         window_s=self.calibration_window_s)
-        share = calibration_window_share(now - since_s, self.calibration_window_s)
-        calibration = await asyncio.to_thread(self.policy.calibrate, self.layout.placement(), traffic, settle_s, share)
+        calibration = await asyncio.to_thread(self.policy.calibrate, self.layout.placement(), traffic, settle_s)
         if calibration is not None and self.paused:
             logger.info("placement controller (paused): service-time factor x%.3f", self.policy.service_scale)
         return calibration
