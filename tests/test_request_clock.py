@@ -79,7 +79,7 @@ def test_a_handle_call_is_timed_from_its_start_tokenization_included(ingress):
 
 def test_an_http_route_is_timed_from_its_arrival(ingress):
     async def route() -> Received:
-        with receiving() as received:
+        with receiving(Received.now()) as received:
             await asyncio.sleep(0.05)  # reading and parsing the body
             await ingress.embed("minilm", ["a passage"])
             return received
@@ -95,7 +95,7 @@ def test_the_answer_carries_the_latency_the_ingress_counted(ingress):
     async def client() -> tuple[dict, float]:
         sent = time.monotonic()
         await asyncio.sleep(0.03)  # the way to the ingress, which the ingress does not see
-        with receiving():
+        with receiving(Received.now()):
             await asyncio.sleep(0.05)  # reading and parsing the body, which it counts
             answer = await ingress.embed("minilm", ["a passage"])
         await asyncio.sleep(0.02)  # the way back
@@ -146,7 +146,7 @@ def test_x_request_start_reads_seconds_milliseconds_and_microseconds(scale, text
 def test_each_route_keeps_its_own_clock_and_a_handle_call_starts_a_new_one():
     async def route(delay_s: float) -> tuple[Received, Received]:
         await asyncio.sleep(delay_s)
-        with receiving() as received:
+        with receiving(Received.now()) as received:
             await asyncio.sleep(0.02)  # the other route starts meanwhile
             return received, received_at()
 

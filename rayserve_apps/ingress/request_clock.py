@@ -1,6 +1,6 @@
 """When a request's clock starts: the moment its deadline, its latency and its traffic record count from.
 
-An HTTP route starts the clock before it reads the body (`receiving()` in `Ingress._answer`); a handle call starts
+An HTTP route starts the clock before it reads the body (`receiving()` in `Ingress._on_clock`); a handle call starts
 it when the Python API method begins (`received_at()`). Everything the ingress does for the request after that
 counts, as it does for the client: reading and parsing the body, validation, tokenization (0.75 ms for eight
 passages on an idle core of the development VM, more when the replicas compete for the cores), the model call.
@@ -97,10 +97,9 @@ _ROUTE_RECEIVED: ContextVar[Received | None] = ContextVar("plexserve_route_recei
 
 
 @contextmanager
-def receiving(received: Received | None = None) -> Iterator[Received]:
-    """Start the clock of the request the current task handles (an HTTP route, before it reads the body): at
-    `received` (`Received.from_header`), else now."""
-    received = received or Received.now()
+def receiving(received: Received) -> Iterator[Received]:
+    """Start the clock of the request the current task handles (an HTTP route, before it reads the body) at
+    `received` (`Received.from_header`: now, or the client's stamped send time)."""
     token = _ROUTE_RECEIVED.set(received)
     try:
         yield received
