@@ -2,7 +2,9 @@
 
 Every benchmark in `benchmarks/` measures the ratios it reports side by side in one run (the machine is shared
 and noisy), logs progress to stderr, prints its figures as one final JSON line on stdout, and writes PNGs under
-`benchmarks/out/` (git-ignored).
+`benchmarks/out/` (git-ignored). `emit_json` also writes the figures to `benchmarks/results/NAME.json` (NAME: the
+benchmark's module name) with the machine, the UTC date, the commit and the command that produced them; the docs'
+Benchmarks page is rendered from those files (`docs/gen_docs.py`), and git keeps their history.
 
     from benchmarks._common import make_parser, setup_logging, emit_json, out_dir
     args = make_parser(__doc__).parse_args()
@@ -14,15 +16,20 @@ and noisy), logs progress to stderr, prints its figures as one final JSON line o
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import logging
 import math
 import platform
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 #: Where benchmarks write their figures (git-ignored).
 OUT_DIR = Path(__file__).resolve().parent / "out"
+#: Where every benchmark's latest figures are kept, one JSON file per benchmark (committed).
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def make_parser(description: str | None = None) -> argparse.ArgumentParser:
@@ -62,6 +69,58 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def emit_json(figures: dict[str, Any]) -> None:
-    """Print the benchmark's figures as the final JSON line on stdout."""
+def benchmark_name() -> str:
+    """The running benchmark's module name: `planner_speed` for `python -m benchmarks.planner_speed` and for
+    `python benchmarks/planner_speed.py` alike."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name:
+        return spec.name.rsplit(".", 1)[-1]
+    return Path(sys.argv[0]).stem or "benchmark"
+
+
+def git_commit() -> str:
+    """`git rev-parse HEAD` of the repository, with `-dirty` when the working tree has uncommitted changes;
+    `unknown` outside a git checkout."""
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit + ("-dirty" if dirty else "")
+
+
+def result_record(figures: dict[str, Any], *, name: str | None = None, quick: bool | None = None,
+                  argv: list[str] | None = None) -> dict[str, Any]:
+    """The record `emit_json` writes to `benchmarks/results/NAME.json`: where, when, from which commit and by which
+    command the figures were measured, whether it was a `--quick` run, and the figures themselves."""
+    argv = list(sys.argv if argv is None else argv)
+    return {
+        "benchmark": name or benchmark_name(),
+        "machine": machine_description(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "command": " ".join(argv),
+        "quick": ("--quick" in argv) if quick is None else quick,
+        "figures": _jsonable(figures),
+    }
+
+
+def write_result(record: dict[str, Any], results_dir: Path = RESULTS_DIR) -> Path:
+    """Write a `result_record` to `results_dir/<benchmark>.json` (the latest run replaces the previous one)."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    path = results_dir / f"{record['benchmark']}.json"
+    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def emit_json(figures: dict[str, Any], *, name: str | None = None, quick: bool | None = None) -> None:
+    """Print the benchmark's figures as the final JSON line on stdout and keep them, with the machine, date, commit
+    and command, in `benchmarks/results/NAME.json`. `name` defaults to the running benchmark's module name, `quick`
+    to whether `--quick` is on the command line."""
+    write_result(result_record(figures, name=name, quick=quick))
     print(json.dumps(_jsonable(figures), sort_keys=True), flush=True)
