@@ -73,7 +73,7 @@ def benchmark_name() -> str:
     """The running benchmark's module name: `planner_speed` for `python -m benchmarks.planner_speed` and for
     `python benchmarks/planner_speed.py` alike."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    if spec is not None and spec.name:
+    if spec is not None and (spec.name or "").startswith("benchmarks."):
         return spec.name.rsplit(".", 1)[-1]
     return Path(sys.argv[0]).stem or "benchmark"
 
@@ -94,24 +94,32 @@ def git_commit() -> str:
     return commit + ("-dirty" if dirty else "")
 
 
+def rerun_command(name: str, argv: list[str]) -> str:
+    """The command line that reruns benchmark `name` from the repository root: `python -m benchmarks.NAME ARGS`."""
+    return " ".join(["python", "-m", f"benchmarks.{name}", *argv[1:]])
+
+
 def result_record(figures: dict[str, Any], *, name: str | None = None, quick: bool | None = None,
                   argv: list[str] | None = None) -> dict[str, Any]:
     """The record `emit_json` writes to `benchmarks/results/NAME.json`: where, when, from which commit and by which
     command the figures were measured, whether it was a `--quick` run, and the figures themselves."""
     argv = list(sys.argv if argv is None else argv)
+    name = name or benchmark_name()
     return {
-        "benchmark": name or benchmark_name(),
+        "benchmark": name,
         "machine": machine_description(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": git_commit(),
-        "command": " ".join(argv),
+        "command": rerun_command(name, argv),
         "quick": ("--quick" in argv) if quick is None else quick,
         "figures": _jsonable(figures),
     }
 
 
-def write_result(record: dict[str, Any], results_dir: Path = RESULTS_DIR) -> Path:
-    """Write a `result_record` to `results_dir/<benchmark>.json` (the latest run replaces the previous one)."""
+def write_result(record: dict[str, Any], results_dir: Path | None = None) -> Path:
+    """Write a `result_record` to `results_dir/<benchmark>.json` (default `RESULTS_DIR`; the latest run replaces the
+    previous one)."""
+    results_dir = RESULTS_DIR if results_dir is None else results_dir
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / f"{record['benchmark']}.json"
     path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
