@@ -6,6 +6,7 @@ STAMP := $(VENV)/.plexserve-installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
+export NO_MKDOCS_2_WARNING := 1
 
 .PHONY: install serve test
 
