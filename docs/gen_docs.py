@@ -440,10 +440,10 @@ PAGES = {
 }
 
 
-def stale_pages(pages: dict[str, Any] = PAGES) -> list[str]:
+def stale_pages(pages: dict[str, Any] | None = None) -> list[str]:
     """The generated pages whose committed text differs from what the generator writes now."""
     stale = []
-    for relative, render in pages.items():
+    for relative, render in (PAGES if pages is None else pages).items():
         path = DOCS / relative
         if not path.is_file() or path.read_text() != render():
             stale.append(relative)

@@ -112,3 +112,14 @@ def test_emit_json_keeps_the_figures_in_a_result_file(tmp_path, monkeypatch, cap
     assert record["figures"] == {"nan": None, "ratio": 1.5}
     assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?|unknown", record["commit"])
     assert record["date"].endswith("+00:00")
+
+
+def test_check_names_a_page_that_differs_from_what_it_would_write(gen_docs, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(gen_docs, "DOCS", tmp_path)
+    (tmp_path / "fresh.md").write_text("same\n")
+    (tmp_path / "old.md").write_text("before\n")
+    pages = {"fresh.md": lambda: "same\n", "old.md": lambda: "after\n", "absent.md": lambda: "new\n"}
+    assert gen_docs.stale_pages(pages) == ["old.md", "absent.md"]
+    monkeypatch.setattr(gen_docs, "PAGES", pages)
+    assert gen_docs.main(["--check"]) == 1
+    assert "docs/old.md is stale" in capsys.readouterr().err
