@@ -52,8 +52,8 @@ EXTRA_CLIENTS = 16
 TIMEOUT_S = 120
 #: Seconds the saturation test waits for its refusals before the paused stages resume: well within TIMEOUT_S, so that
 #: the admitted requests, answered only after the resume, still come back within their clients' timeout on a slow
-#: machine (in a CI run of 2026-11-28 a request timed out; with a wait as long as the timeout, slow refusals leave
-#: the admitted requests no time after the resume).
+#: machine (with a wait as long as the timeout, slow refusals would leave the admitted requests no time after the
+#: resume).
 REFUSALS_WAIT_S = 40
 #: Pause between two requests of one traffic thread (steady load that leaves the 2 cores room to re-place).
 TRAFFIC_GAP_S = 0.05

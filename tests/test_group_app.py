@@ -295,8 +295,8 @@ def test_group_batches_text_and_otas_vision_across_requests(cluster):
     spec = parse_spec({
         "cluster": {"num_devices": 3, "device_resource": TEST_DEVICE_RESOURCE},
         "models": [
-            # Generous SLOs, the digits' and the text's: this test checks batching, not admission (a busy CI
-            # machine once had the group's SLO admission refuse part of the text burst at the default 1 s).
+            # Generous SLOs, the digits' and the text's: this test checks batching, not admission (on a busy CI
+            # machine the group's SLO admission can refuse part of the text burst at the default 1 s).
             {"name": "minilm", "kind": "text", "source": "package:all-minilm-l6-v2", "slo_ms": 30_000,
              "num_cpus_per_replica": 0.25},
             {"name": "digits", "kind": "vision", "source": "timm:vit_tiny_patch16_224", "num_classes": 10,

@@ -154,8 +154,8 @@ def records_view(config: SimulatorConfig, client_round_trip_s: float) -> Simulat
     client) less `client_round_trip_s`, the way from the client to the ingress replica and back, which the ingress's
     clock does not see (`rayserve_apps/ingress/request_clock.py`). A refit on the records compares the simulator's
     latencies with theirs; with the whole overhead it would ask every request for that round trip more than the
-    records hold and fit the service times short by it (on `benchmarks/fidelity.py`'s records, 2026-11-27, the
-    controller's factors were 1.7% below those fitted on the client's latencies, and its simulator optimistic)."""
+    records hold and fit the service times short by it (the factors would come out below those fitted on the
+    client's latencies, and the simulator optimistic)."""
     if client_round_trip_s < 0:
         raise ValueError(f"client_round_trip_s={client_round_trip_s}: must be >= 0")
     if client_round_trip_s > config.request_overhead_s:
