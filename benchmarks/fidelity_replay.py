@@ -139,8 +139,8 @@ class RefitReplay:
         static_latency = latencies_of(trace["static"], self.clock)
         for now in np.arange(self.period_s, duration + self.period_s, self.period_s):
             self.refit(initial, workload, static_latency, float(now), 0.0)
-        # One clock for the static run, the warm-up (or, in older records, one idle period) and the controller run:
-        # the records before the controller run stay in its refit's window.
+        # One clock for the static run, the warm-up (or, in records without one, one idle period) and the controller
+        # run: the records before the controller run stay in its refit's window.
         parts = [(workload, static_latency, 0.0)]
         offset = duration + self.period_s
         if "warmup" in trace:
@@ -151,7 +151,7 @@ class RefitReplay:
         both = Workload.merge([Workload(w.model_names, w.arrival_s + at, w.model, w.slo_s) for w, _, at in parts])
         order = np.argsort(np.concatenate([w.arrival_s + at for w, _, at in parts]), kind="stable")
         latency = np.concatenate([lat for _, lat, _ in parts])[order]
-        # The benchmark restarts the refit's window when the warm-up begins (older records: no warm-up, no restart).
+        # The benchmark restarts the refit's window when the warm-up begins (records without a warm-up: no restart).
         restarted = duration if "warmup" in trace else 0.0
         for now in np.arange(duration + self.period_s, offset, self.period_s):  # paused through the warm-up
             self.refit(initial, both, latency, float(now), restarted)

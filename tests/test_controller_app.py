@@ -205,7 +205,7 @@ def test_replacement_while_requests_flow_loses_none_and_restarts_only_changed_sl
 
 def test_pausing_or_resuming_forgets_the_shifts_found_and_the_looks_due():
     """A shift found (or a look due) before an operator paused the controller triggers no decision when it resumes
-    (a fidelity run resumed after its static run with a shift decision at 0.1 s on a shift found before it). The
+    (e.g. after a static run, a shift found before it must not trigger a decision the moment it resumes). The
     controller's own `pause`, on an instance holding only what it touches."""
     controller = object.__new__(PlacementController.func_or_class)
     controller.shift_trigger = ShiftTrigger(cooldown_s=5.0, last_decision_s=100.0)

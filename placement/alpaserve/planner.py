@@ -15,13 +15,13 @@ Beyond the paper (each a `PlannerConfig` field; issue 15 measured why, see bench
   absorb the bursts a finite planning sample lacks;
 * candidates that serve the planning workload about equally well (within `tie_tolerance`, both above
   :data:`STRESS_MIN_ATTAINMENT`) are told apart by denser replays of it (`stress_factors`): on bursty traffic
-  (CV 4) every partition may serve a 100 s sample fully while one-device groups miss 7-8x more held-out SLOs;
+  (CV 4) every partition may serve a 100 s sample fully while one-device groups miss many more held-out SLOs;
 * (model buckets, device split) pairs are ranked by their screened candidates and only the best few planned in
   full (`combos_keep`); all models in one bucket is also a candidate (`one_bucket_candidate`): the paper's
-  latency-ratio rule cut the winner on the six-model Table 1 mix;
+  latency-ratio rule can cut the winner (it does on the six-model Table 1 mix);
 * where the case is small enough (`lookahead_budget_requests`), the fast variant simulates a few models per round
-  (`lookahead`) and a budgeted local search follows it (`refine_simulations`): within 0.005 of beam search of
-  size 3 at a tenth of its simulations;
+  (`lookahead`) and a budgeted local search follows it (`refine_simulations`): close to beam search's
+  attainment at a fraction of its simulations;
 * a warm start: `plan(..., warm_start=running)` also scores the running placement and its groups re-selected.
 
 `PlannerConfig.paper()` is the paper's search (Alg. 1 greedy, every divisor group size x profiled configuration
