@@ -6,8 +6,8 @@ Profiled latencies are lone requests on an idle device. The live system differs 
 share the host with the ingress and each other (each request slower), and the serving engine batches the requests
 that queue for a model (each request cheaper under load: a burst is answered far faster than lone times add up to).
 Which one wins depends on the load, so neither the lone times nor a closed-loop throughput probe predict the
-attainment of real traffic (a probe at full load overstated the per-request time by ~1.5x and the simulator fell
-0.15 below the real attainment).
+attainment of real traffic (a probe at full load overstates the per-request time, and a simulator fed it falls
+well below the real attainment).
 
 `calibrate_service_scale` replays the requests of an observation window (their real arrival times, on the placement
 that served them) in the simulator at a trial factor, and bisects the factor (on a log scale) until the simulated
