@@ -137,7 +137,7 @@ class ReplanDecision(BaseModel):
     chosen: CandidateName = Field(description="The candidate to run from now on.")
     in_sample_choice: CandidateName = Field(
         description="What the rule would choose judging the candidates as deployed on the resample they were made on "
-                    "(the controller before held-out scoring and transition pricing); for the log.")
+                    "(without held-out scoring and transition pricing); for the log.")
     predicted_gain: float = Field(description="Through-rollout attainment of the chosen candidate minus keeping, 0..1.")
     confirmation_gain: float | None = Field(
         default=None, description="A move chosen on a window shorter than fit_window_s (after a rate shift) with a "
