@@ -189,9 +189,10 @@ async def measure_transition(spec: dict) -> tuple[float, TransitionModel]:
     its apply until the group reports the new version: the step's slot change, which the controller times as its
     loading span) and the loading slowdown: the share of the clients' answers the swaps lost against the throughput
     just before them, charged to that span as the transition model charges it (`loading_slowdown`). Lone requests
-    beside an idle group understate it: loading and serving then have a core each. `load_s` spans all three
-    applies a step runs, routes included: a span one route short would charge the answers a route loses to a
-    loading span barely longer than a route, and inflate the slowdown."""
+    beside an idle group understate it: loading and serving then have a core each. A step is priced as two
+    routes (`step_overhead_s`) around the slot change (`load_s`), the three applies it runs: priced one route short,
+    it would charge the answers a route loses to a loading span barely longer than a route, and inflate the
+    slowdown."""
     from ray import serve
 
     from placement.alpaserve.placement_rollout import SlotLayout

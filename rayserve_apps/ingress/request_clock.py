@@ -2,7 +2,7 @@
 
 An HTTP route starts the clock before it reads the body (`receiving()` in `Ingress._on_clock`); a handle call starts
 it when the Python API method begins (`received_at()`). Everything the ingress does for the request after that
-counts, as it does for the client: reading and parsing the body, validation, tokenization (more when the replicas
+counts, as it does for the client: reading and parsing the body, validation, tokenization (slower when the replicas
 compete for the cores), the model call.
 
 A clock started only when the ingress calls the model, after validation and tokenization, would give a deadline the
