@@ -136,7 +136,7 @@ LOADED_SWAPS = 3
 CONTENTION_PHASE_S = 2.5
 CONTENTION_ROUNDS = 2
 CONTENTION_LOAD = 2
-#: Decisions the controller's log keeps (`controller.history_size`): a full run's controller run takes about 50.
+#: Decisions the controller's log keeps (`controller.history_size`): well above what a full run's controller run takes.
 HISTORY_SIZE = 1000
 #: Repeated traces (different seeds) in one run.
 NUM_TRACES = 3
@@ -154,8 +154,7 @@ TRACE_CV = 2.0
 #: Popularity of the models before and after the shift.
 SHARES_BEFORE = (0.75, 0.15, 0.1)
 SHARES_AFTER = (0.1, 0.15, 0.75)
-#: Load phase: offered rate as a multiple of capacity, and its length in seconds (8 until 2026-11-25; --quick had
-#: reached 15 min 1 s).
+#: Load phase: offered rate as a multiple of capacity, and its length in seconds (short, to keep --quick short).
 SATURATION_FACTOR = 4.0
 SATURATION_S = 6.0
 #: Seconds between the host CPU readings of a replay (its progress reports).
@@ -190,10 +189,10 @@ async def measure_transition(spec: dict) -> tuple[float, TransitionModel]:
     its apply until the group reports the new version: the step's slot change, which the controller times as its
     loading span) and the loading slowdown: the share of the clients' answers the swaps lost against the throughput
     just before them, charged to that span as the transition model charges it (`loading_slowdown`). Lone requests
-    beside an idle group understate it: loading and serving then have a core each. Until 2026-11-27 `load_s` left
-    one route out of the swap, so a step was priced one route short of the three applies it runs; that went
-    unnoticed while loading took 1.7 s, and showed when a reload without garbage collections took 0.1 s more than a
-    route (and the answers a route loses, charged to that 0.1 s, made the slowdown 10x)."""
+    beside an idle group understate it: loading and serving then have a core each. A step is priced as two
+    routes (`step_overhead_s`) around the slot change (`load_s`), the three applies it runs: priced one route short,
+    it would charge the answers a route loses to a loading span barely longer than a route, and inflate the
+    slowdown."""
     from ray import serve
 
     from placement.alpaserve.placement_rollout import SlotLayout
@@ -323,10 +322,9 @@ async def answered(handle, model: str) -> tuple[float, float]:
     its records start there, the way to the ingress included); the seconds until the answer, and the part of them that
     the ingress did not count (the answer's `ingress_latency_ms`): the way back from the ingress replica to this driver
     (the client), the wait of this driver's event loop included, which the ingress's records do not hold
-    (`rayserve_apps/ingress/request_clock.py`). Until 2026-11-27 22:00 the requests went unstamped, and the way there
-    and back was timed on a call that does no work, one every 0.1 s: under load its median (10 ms in a one-off check at
-    the traces' load) was well below the requests' own (16-19 ms on average, matched to the ingress's records in the
-    same check), which come in bursts, when both event loops are busiest; the way there was most of it (11-14 ms)."""
+    (`rayserve_apps/ingress/request_clock.py`). The requests themselves are stamped, rather than a call that does no
+    work timed apart: requests come in bursts, when both event loops are busiest, so under load a lone probe call's
+    way there and back is well below the requests' own."""
     started = time.perf_counter()
     answer = await handle.embed.remote(model, TEXTS, sent_at_s=time.time())
     latency = time.perf_counter() - started
@@ -361,12 +359,10 @@ async def profile_live(handle) -> LiveProfile:
     passages in one call, median over the models).
 
     The models' requests are interleaved (one of each in turn, the first rotating round by round), so that a drift
-    of the VM's speed while profiling falls on every model alike. Measured one model after the other (until
-    2026-11-26 18:30), the three copies of the same MiniLM differed by up to 31% within a run (minilm-a 83 ms,
-    minilm-c 103 ms at 18:09), and the controller's online refit, one factor for every model, kept that difference:
-    its simulator was slower than the live system wherever minilm-c dominated and faster wherever minilm-a did.
-    Interleaved, in blocks of 30 rounds on two deployments (a one-off check, 2026-11-26 18:47), the three were
-    within 10% of each other in every block while the VM's speed moved by 25% from block to block."""
+    of the VM's speed while profiling falls on every model alike. Measured one model after the other, the three
+    copies of the same MiniLM would differ by the drift between their turns, and the controller's online refit, one
+    factor for every model, keeps such a difference: its simulator would be slower than the live system wherever one
+    model dominates and faster wherever another does."""
     from ray import serve
 
     token_ids = token_ids_of_request()
@@ -424,8 +420,8 @@ async def measure_host_contention() -> tuple[float, dict]:
     model on both devices): requests straight to group 1 (CONTENTION_LOAD in flight, closed loop) answered per second
     with group 0 idle against with group 0 at full load too, alternated CONTENTION_ROUNDS times; the ratio minus one.
     Also the host's CPU share busy in each phase. The two devices are shares of the same two cores, which the ingress
-    and this driver use too; on a GPU cluster the figure would be 0. (Until 2026-11-25 the probe timed lone requests
-    beside two in flight: 30 per phase gave +0.05 to +0.56 from run to run.)"""
+    and this driver use too; on a GPU cluster the figure would be 0. Closed loops, rather than lone requests timed
+    beside others in flight, keep the figure steady from run to run."""
     token_ids = token_ids_of_request()
     groups = group_handles()
 
@@ -907,8 +903,8 @@ async def controller_trace(handle, controller, profile_sets: dict, transition, s
     await controller.pause.remote(False)
     dynamic = await replay(handle, trace, slo_s, groups)
     await controller.pause.remote(True)
-    # By time, not by position: the log keeps its last `history_size` entries (until 2026-11-25 14:10 this took
-    # the entries past the log's length before the run, and the full run's third trace, past 100, lost its first).
+    # By time, not by position: the log keeps its last `history_size` entries, so once it is full, its length
+    # before the run does not mark where this run's entries start.
     decisions = [d for d in await controller.history.remote() if d["time_s"] >= resumed_s]
     applied = [d for d in decisions if d.get("outcome") == "applied"]
     timeline: list[tuple] = [(-np.inf, initial, 1.0)]
@@ -1051,7 +1047,7 @@ async def run(args) -> dict:
              "(%.1f ms lone)", 1e3 * lone_round_trip_s, 1e3 * loaded_round_trip_s, 1e3 * simulated.request_overhead_s,
              1e3 * overhead_s)
     # Per-request device time at full load: the devices' share of the measured throughput, split by lone-time ratios.
-    # It sets the SLO and the offered load (as in earlier runs); the simulator's service times are calibrated below.
+    # It sets the SLO and the offered load; the simulator's service times are calibrated below.
     scale = (NUM_DEVICES / throughput) / float(np.mean(list(lone_s.values())))
     probe_s = {m: s * max(scale, 1.0) for m, s in lone_s.items()}
     log.info("throughput with every device busy: %.1f requests/s; per-request device time x%.2f of a lone request",

@@ -2,8 +2,8 @@
 
 `benchmarks/fidelity.py` writes every request it replayed (arrival, model, SLO, real latency and outcome, for the
 static and the controller run of each trace) with the placements in force to `benchmarks/out/fidelity_records.json`.
-This script scores other refit settings on those records without the live system (a live run takes 14 minutes and
-differs run to run by more than the settings do): for each setting it replays the controller's refits on the records
+This script scores other refit settings on those records without the live system (a live run is long and differs
+run to run by more than the settings do): for each setting it replays the controller's refits on the records
 (the policy's own `ReplanPolicy.calibrate`, every period while paused through the static run and the warm-up, then at
 each recorded decision of the controller run, never within a period of a re-placement, no earlier than it nor than
 the warm-up, where the benchmark restarts the refit's window), and simulates the
@@ -15,12 +15,12 @@ what the run measured).
 
 Which latencies the refits fit (`clock`): "client", this driver's, with the simulator's whole request overhead; or
 "ingress", as the live controller does, the ingress's (each request's latency less its part outside the ingress, which
-records written since 2026-11-27 22:00 carry) with that overhead less the client's round trip the run gave the
+the records carry when the run stamped its requests) with that overhead less the client's round trip the run gave the
 controller (`controller.calibration.client_round_trip_ms`). Either way the controller run is scored on the client's
 latencies. Approximations, named: the chain starts at factor 1.0 with the first trace's static run (the live controller
 had also refitted on the calibration replay, whose records are not kept); the warm-up follows the static run at once and
 the controller run follows the warm-up at once (the benchmark also waits for the placement reset and for the last
-answers). Records written before the warm-up existed: the controller run follows its static run after one period.
+answers). Records without a warm-up: the controller run follows its static run after one period.
 
     python benchmarks/fidelity_replay.py --quick [--records benchmarks/out/fidelity_records.json]
 """
@@ -139,8 +139,8 @@ class RefitReplay:
         static_latency = latencies_of(trace["static"], self.clock)
         for now in np.arange(self.period_s, duration + self.period_s, self.period_s):
             self.refit(initial, workload, static_latency, float(now), 0.0)
-        # One clock for the static run, the warm-up (or, in older records, one idle period) and the controller run:
-        # the records before the controller run stay in its refit's window.
+        # One clock for the static run, the warm-up (or, in records without one, one idle period) and the controller
+        # run: the records before the controller run stay in its refit's window.
         parts = [(workload, static_latency, 0.0)]
         offset = duration + self.period_s
         if "warmup" in trace:
@@ -151,7 +151,7 @@ class RefitReplay:
         both = Workload.merge([Workload(w.model_names, w.arrival_s + at, w.model, w.slo_s) for w, _, at in parts])
         order = np.argsort(np.concatenate([w.arrival_s + at for w, _, at in parts]), kind="stable")
         latency = np.concatenate([lat for _, lat, _ in parts])[order]
-        # The benchmark restarts the refit's window when the warm-up begins (older records: no warm-up, no restart).
+        # The benchmark restarts the refit's window when the warm-up begins (records without a warm-up: no restart).
         restarted = duration if "warmup" in trace else 0.0
         for now in np.arange(duration + self.period_s, offset, self.period_s):  # paused through the warm-up
             self.refit(initial, both, latency, float(now), restarted)

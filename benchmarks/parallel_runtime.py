@@ -91,7 +91,7 @@ VIT_ARCH = "vit_small_patch16_224"
 VIT_IMAGE_PX = 128
 VIT_CLASSES = 10
 #: The unequal-cost stand-in at a size where stage compute outweighs the per-request actor-call overhead: vit_small
-#: width with a 64k-class head (measured on this VM, 128 px, 1 thread: block ~4.5 ms, head ~12 ms, ~100 MB of head).
+#: width with a 64k-class head (at 128 px on one thread the head costs a few blocks' compute).
 UNEQUAL_ARCH = VIT_ARCH
 UNEQUAL_CLASSES = 64_000
 #: Timed passes per layer in the profile (--quick, full): whole-model passes, so 30 spread MiniLM's profile over about
@@ -159,8 +159,8 @@ def measure_side_by_side(source: ModelSource, plans: dict[str, ParallelPlan], pr
     """Start one group per plan, all alive at once, and measure them in interleaved rounds, every other round in
     reverse order (the machine is shared: a load spike then hits every plan alike, and a drift favours none). In a
     round each plan gets its lone requests one after another, then its burst: a plan's stage actors idle for
-    another plan's turn, and on this VM a core that idled for 100 ms or more computes its next tens of milliseconds
-    15-30% slower, so requests interleaved across plans would each pay that once per stage (the first lone request
+    another plan's turn, and on a shared VM a core that idled for a while computes its next tens of milliseconds
+    slower, so requests interleaved across plans would each pay that once per stage (the first lone request
     of a turn does; the median of them does not). Returns the rounds, the stage memory of the pipeline-only groups
     and the weight bytes of every actor, by plan label."""
     groups = {label: ModelParallelGroup(source, plan) for label, plan in plans.items()}

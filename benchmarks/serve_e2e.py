@@ -25,7 +25,7 @@ each process. `goodput` counts 200 answers within the model's SLO. `fraction_of_
 plexserve's requests/s at 64 clients by what the same model does in this process on the same texts at its best
 batch size (measured in the same run, Ray idle).
 
-    .venv/bin/python benchmarks/serve_e2e.py --quick     # about 5 minutes
+    .venv/bin/python benchmarks/serve_e2e.py --quick
 """
 
 from __future__ import annotations

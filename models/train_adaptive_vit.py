@@ -167,7 +167,7 @@ def train_backbone(train: DigitsSplit, held_out: DigitsSplit, arch: AdaptiveVitC
     vit = build_backbone(arch)
     with torch.no_grad():
         # Each token carries about one original pixel, so position carries most of the information: start the
-        # position embedding at unit scale instead of timm's 0.02 (it learns ~5x faster on digits).
+        # position embedding at unit scale instead of timm's 0.02 (it learns much faster on digits).
         vit.pos_embed.normal_(std=POS_EMBED_INIT_STD)
     steps = config.backbone_epochs * -(-len(train.digits) // config.batch_size)
     optimizer, scheduler = _cosine_optimizer(vit.parameters(), config.backbone_lr, config.weight_decay, steps)

@@ -4,8 +4,8 @@ answer from the last.
 
 AlpaServe §3 pipelines consecutive requests through the stages of inter-op parallelism, and §3.3 prices the
 communication between stages as a point-to-point send of the activation. Relaying each activation through Ray actor
-calls cost, per stage, a task submission by the owner, the object's trip through its owner, and the worker's task
-overhead: about 2 ms of CPU per hop on this project's development machine, beside 10-15 ms stages, plus 5-7 ms per
+calls would cost, per stage, a task submission by the owner, the object's trip through its owner, and the worker's
+task overhead: milliseconds of CPU per hop on a CPU host, a sizeable share of a stage's compute, plus more per
 request in the owner and the raylet. Over a link a hop is one pickled frame on a socket. Ray still creates, places,
 sets up and kills the actors and carries their control calls (`setup`, `ping`, `memory_report`).
 

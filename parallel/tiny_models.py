@@ -27,8 +27,8 @@ TINY_VIT_CLASSES = 10
 #: The stand-in ViT: vit_tiny's width with 4 heads (divisible by 2 and 4 shards) and 2 blocks.
 TINY_VIT_KWARGS = {"depth": 2, "num_heads": 4}
 #: The stand-in with deliberately unequal layer costs: 4 blocks and a classifier head this wide (like a language
-#: model's vocabulary projection), which costs about as much as all four blocks together (measured on this VM at
-#: 128 px, one thread: block ~0.9 ms, head ~3.8 ms), so the cheapest 2-stage cut puts the head alone on stage 2
+#: model's vocabulary projection), which costs about as much as all four blocks together (at 128 px on one
+#: thread), so the cheapest 2-stage cut puts the head alone on stage 2
 #: while `ParallelPlan.even` cuts after the second block.
 UNEQUAL_VIT_DEPTH = 4
 UNEQUAL_VIT_CLASSES = 32_000

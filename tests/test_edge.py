@@ -1,4 +1,4 @@
-"""The HTTP edge without Ray: error shapes, the four bodies that used to be 5xx, body limits, schemas, images."""
+"""The HTTP edge without Ray: error shapes, four malformed bodies as 4xx (not 5xx), body limits, schemas, images."""
 
 from __future__ import annotations
 

@@ -8,7 +8,6 @@ cannot meet its SLO gets 503, hosted models change through reconfigure() without
 metrics reach Ray's Prometheus endpoint.
 """
 
-import time
 
 import numpy as np
 import pytest
@@ -17,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from conftest import TEST_DEVICE_RESOURCE, free_port
 from ray import serve
+from waiting import wait_until
 
 from models import load_text_encoder, load_vit
 from placement.core.deployment_spec import parse_spec
@@ -168,14 +168,7 @@ def test_hosted_model_change_reconfigures_without_restart(app):
     new_placement = make_spec(app["checkpoint"], [["minilm", "vit"], ["vit", "vit-strict"]]).placement
     overrides = placement_overrides(app["spec"], new_placement, version=1)
     apply_config([application_config(app["spec"], deployments=overrides)], app["http_options"])
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        layout = requests.get(f"{app['url']}/v1/placement", timeout=60).json()
-        after = {g["group"]: g for g in layout["groups"]}
-        if after["group-1"]["models"] == ["vit", "vit-strict"] and layout["version"] == 1:
-            break
-        time.sleep(1)
-    assert after["group-1"]["models"] == ["vit", "vit-strict"] and layout["version"] == 1
+    after = wait_for_group_models(app, "group-1", ["vit", "vit-strict"], version=1)
     assert after["group-0"]["models"] == ["minilm", "vit"]
     for name in ("group-0", "group-1"):  # same processes: reconfigured in place, not restarted
         assert after[name]["pid"] == before[name]["pid"]
@@ -187,14 +180,16 @@ def test_hosted_model_change_reconfigures_without_restart(app):
 
 
 def wait_for_group_models(app, group: str, models: list[str], version: int) -> dict:
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
+    """The placement's groups (by name) once `group` hosts `models` at placement `version`."""
+    seen: dict = {}
+
+    def reached() -> dict | None:
         layout = requests.get(f"{app['url']}/v1/placement", timeout=60).json()
         groups = {g["group"]: g for g in layout["groups"]}
-        if groups[group]["models"] == models and layout["version"] == version:
-            return groups
-        time.sleep(0.5)
-    raise AssertionError(f"{group} did not reach {models} at version {version}: {groups[group]['models']}")
+        seen.update(models=groups[group]["models"], version=layout["version"])
+        return groups if groups[group]["models"] == models and layout["version"] == version else None
+
+    return wait_until(reached, 180, message=lambda: f"{group} did not reach {models} at version {version}: {seen}")
 
 
 def test_a_swap_reloads_the_dropped_models_stage_actors(app):
@@ -225,15 +220,15 @@ def test_a_swap_reloads_the_dropped_models_stage_actors(app):
 def test_custom_metrics_reach_prometheus(app):
     wanted = ["ray_plexserve_requests_total", "ray_plexserve_rejections_total", "ray_plexserve_slo_attainment",
               "ray_plexserve_batch_size", "ray_plexserve_group_queue_length"]
-    deadline = time.monotonic() + METRICS_WAIT_S
-    text = ""
-    while time.monotonic() < deadline:
+    missing: list[str] = []
+
+    def scraped() -> str | None:
         text = requests.get(app["metrics_url"], timeout=30).text
-        if all(name in text for name in wanted):
-            break
-        time.sleep(2)
-    missing = [name for name in wanted if name not in text]
-    assert not missing, f"metrics missing from the Prometheus endpoint: {missing}"
+        missing[:] = [name for name in wanted if name not in text]
+        return None if missing else text
+
+    text = wait_until(scraped, METRICS_WAIT_S, interval_s=2.0,
+                      message=lambda: f"metrics missing from the Prometheus endpoint: {missing}")
     assert 'reason="slo_unattainable"' in text
 
 
@@ -266,13 +261,9 @@ def test_killed_stage_actor_fails_only_its_requests_and_is_rebuilt(app):
     assert requests.get(f"{app['url']}/v1/placement", timeout=60).status_code == 200
     # The other model of the same group never noticed.
     assert len(handle.embed_token_ids.remote("minilm", [[101, 7592, 102]]).result(timeout_s=120)) == 1
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            body = handle.classify.remote("vit", images()).result(timeout_s=120)
-            break
-        except Exception:  # noqa: BLE001 - rebuild still under way
-            time.sleep(1)
+    # Any exception: the rebuild is still under way.
+    body = wait_until(lambda: handle.classify.remote("vit", images()).result(timeout_s=120), 180, interval_s=1.0,
+                      ignore=(Exception,), message="the ViT in group 0 did not answer after its rebuild")
     assert len(body) == 3
     stop.set()
     watcher.join(timeout=60)
@@ -295,8 +286,8 @@ def test_group_batches_text_and_otas_vision_across_requests(cluster):
     spec = parse_spec({
         "cluster": {"num_devices": 3, "device_resource": TEST_DEVICE_RESOURCE},
         "models": [
-            # Generous SLOs, the digits' and the text's: this test checks batching, not admission (a busy CI
-            # machine once had the group's SLO admission refuse part of the text burst at the default 1 s).
+            # Generous SLOs, the digits' and the text's: this test checks batching, not admission (on a busy CI
+            # machine the group's SLO admission can refuse part of the text burst at the default 1 s).
             {"name": "minilm", "kind": "text", "source": "package:all-minilm-l6-v2", "slo_ms": 30_000,
              "num_cpus_per_replica": 0.25},
             {"name": "digits", "kind": "vision", "source": "timm:vit_tiny_patch16_224", "num_classes": 10,

@@ -1,7 +1,7 @@
 """The nccl path of a tensor-parallel stage: two shards on two GPUs, joined by nccl, give the unsplit model's output.
 
 Runs only where torch sees at least two GPUs and the test's Ray declares them; skipped on CPU-only machines (the
-development VM and CI, README "Devices": not run there)."""
+development VM and CI)."""
 
 from __future__ import annotations
 

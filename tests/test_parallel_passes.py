@@ -168,7 +168,7 @@ def test_a_block_run_sharded_prices_its_megatron_plan_at_what_it_measured():
     replicated = {name: "replicated" for name in _megatron(measured_stage)}
     assert evaluate(problem, replicated).latency_s == pytest.approx(evaluate(
         stage_problem(composed_stage, degree, comm, math.inf), replicated).latency_s)
-    # Sharding that measured slower than the block whole on one device is no longer chosen; measured faster, it is.
+    # Sharding that measured slower than the block whole on one device is not chosen; measured faster, it is.
     assert set(solve_intra_op(problem).choices.values()) == {"replicated"}
     cheap_stage = StageCost(blocks=[BlockCost(**{**vars(block), "sharded_latency_s": 1.2e-3})
                                     for block in composed_stage.blocks])

@@ -74,7 +74,8 @@ def test_repeated_runs_merge_by_sample_weighted_mean(models, tmp_path):
 
 
 def test_a_merge_averages_sharded_latencies_and_the_co_run_slowdown_by_their_timed_runs(models):
-    """Until 2026-11-26 a merge kept the newer run's sharded latencies and co-run slowdown whole."""
+    """A merge weighs each run's sharded latencies and co-run slowdown by its timed runs, rather than keeping the
+    newer run's whole."""
     _, profiles = models
     key = shape_key(1, SEQ_LEN_TOKENS)
     first = profiles["tiny-bert"].model_copy(deep=True)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import ray
 import torch
+from waiting import wait_until
 
 from models.layers import ActivationState, run_layers
 from parallel.group_runtime import GroupFailedError, ModelParallelGroup
@@ -105,15 +104,15 @@ def _kill_and_wait(actor, timeout_s: float = KILL_TIMEOUT_S) -> None:
 
     pid = ray.get(actor.ping.remote())
     ray.kill(actor)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def gone() -> bool:
         try:
             ray.get(actor.ping.remote(), timeout=timeout_s)
         except RayActorError:
-            if _process_gone(pid):
-                return
-        time.sleep(KILL_POLL_S)
-    raise AssertionError(f"actor process {pid} still there {timeout_s} s after ray.kill")
+            return _process_gone(pid)
+        return False
+
+    wait_until(gone, timeout_s, interval_s=KILL_POLL_S, message=f"actor process {pid} still there after ray.kill")
 
 
 def test_dead_actor_is_a_clear_error_and_the_group_rebuilds(group, tiny):

@@ -124,7 +124,7 @@ def test_runtime_overhead_counts_only_what_the_send_fit_leaves_out():
     assert overhead.hop_overhead_s == pytest.approx(0.004 - sent)
     assert overhead.hop_cpu_s == pytest.approx(0.006 - sent)
     assert overhead.request_cpu_s == REQUEST_CPU_S
-    # A hop cheaper than the send fit adds nothing; no measured hop (older files) adds nothing.
+    # A hop cheaper than the send fit adds nothing; no measured hop (a file without one) adds nothing.
     cheap = hop.model_copy(update={"latency_s": 0.0, "cpu_s": 0.0})
     assert RuntimeOverhead.from_comm(CommModel(send=send, hop=cheap)).hop_overhead_s == 0.0
     assert RuntimeOverhead.from_comm(CommModel(send=send)) == RuntimeOverhead()

@@ -4,6 +4,7 @@ runtimes packed with ConcatBatching (the default) or padded; and the replica's c
 from __future__ import annotations
 
 import pytest
+from waiting import wait_until
 
 pytestmark = pytest.mark.ray
 
@@ -79,9 +80,13 @@ def test_allocation_update_keeps_in_flight_requests(handle):
     assert num_replicas == 2 and assignment == {0: LONG_RUNTIME, 1: LONG_RUNTIME}
     new_handle = deploy(assignment, version=2)
     assert all(len(r.result(timeout_s=120)["embeddings"]) == 6 for r in in_flight)  # none dropped
-    import time
 
-    time.sleep(1.5)  # routing stats (period 0.5 s) carry the new runtime to the router
+    def served_by_long() -> bool:
+        answer = new_handle.embed_with_runtime.remote(tokens(10)).result(timeout_s=60)
+        return answer["served_by_max_length_tokens"] == LONG_RUNTIME
+
+    # Routing stats (period 0.5 s) carry the new runtime to the router.
+    wait_until(served_by_long, 30, message="the router still routes by the old runtime")
     for _ in range(3):
         assert (new_handle.embed_with_runtime.remote(tokens(10)).result(timeout_s=60)["served_by_max_length_tokens"]
                 == LONG_RUNTIME)

@@ -282,7 +282,7 @@ def test_a_kept_shift_decision_gets_its_looks_a_shift_window_apart_until_one_mov
     looks.after_shift(keep, 5.0, now_s=300.0)
     looks.cancel()  # a period decision
     assert looks.take_due(1e9) is None
-    one = ShiftLooks(looks=1)  # the rule until 2026-11-25: one look
+    one = ShiftLooks(looks=1)  # a single look
     one.after_shift(keep, 5.0, now_s=0.0)
     assert one.take_due(5.0) == 10.0
     one.after_look(keep, 5.0, now_s=5.0)
@@ -294,8 +294,7 @@ def test_a_kept_shift_decision_gets_its_looks_a_shift_window_apart_until_one_mov
 def test_a_shift_found_within_the_cool_down_triggers_the_decision_when_the_cool_down_ends():
     """Issue 18 (react within one period): a period decision taken 1.4 s after a change keeps on a window mostly
     before it. By the end of its cool-down both of the two-window test's windows hold the new traffic and the test no
-    longer fires; the shift it found within the cool-down triggers the decision then (until 2026-11-25 the move
-    waited for the next period)."""
+    longer fires; the shift it found within the cool-down triggers the decision then, not the next period."""
     arrivals_s = [k / 2 for k in range(90)] + [45.0 + k / 12 for k in range(15 * 12)]  # 2 requests/s, 12 from 45 s
 
     def found(now_s: float) -> list[dict]:
@@ -373,8 +372,8 @@ def test_a_decision_on_the_seconds_since_the_change_fits_the_new_rate_and_moves(
     since = replan.fit(observed, fit_window_s=2.5)[0]
     assert since["a"].rate_per_s == pytest.approx(16.0, rel=0.3)
     assert since["a"].rate_per_s == pytest.approx(np.sum(observed.arrival_s[0] >= 7.5) / 2.5)
-    # A window that does not divide the observation is its last seconds all the same (until 2026-11-27 the fit cut
-    # the observation into windows from its start, and the last 3 s window of 10 s was its last second).
+    # A window that does not divide the observation is its last seconds all the same (not the remainder of windows
+    # cut from its start: the last 3 s window of 10 s would be its last second).
     assert replan.fit(observed, fit_window_s=3.0)[0]["a"].rate_per_s == pytest.approx(
         np.sum(observed.arrival_s[0] >= 7.0) / 3.0)
     straddling = replan.fit(observed, fit_window_s=5.0)[0]

@@ -71,7 +71,7 @@ def test_a_handle_call_is_timed_from_its_start_tokenization_included(ingress):
     assert len(answer["embeddings"]) == 2
     (tokenized_s,) = ingress.tokenizers["minilm"].started
     (deadline_s,) = ingress.backend.deadlines
-    # The clock started before the texts were tokenized (it used to start after, in `_call`).
+    # The clock started before the texts were tokenized (not when the model is called, in `_call`).
     assert deadline_s - SLO_MS / 1e3 <= tokenized_s
     (record,) = ingress.traffic.records
     assert record.outcome == "ok" and record.slo_met and wall_before <= record.arrival_s

@@ -16,6 +16,7 @@ import pytest
 import requests
 from conftest import restart_controller
 from ray import serve
+from waiting import wait_until
 
 from placement.core.deployment_spec import parse_spec
 from rayserve_apps.control.live_update import application_config, apply_config, deployed_overrides
@@ -86,11 +87,9 @@ def test_long_traffic_moves_the_short_replica_to_the_long_runtime_without_failur
     thread = threading.Thread(target=traffic)
     thread.start()
     try:
-        decisions: list = []
-        deadline = time.monotonic() + 6 * ALLOCATION_PERIOD_S + 120
-        while time.monotonic() < deadline and not decisions:
-            time.sleep(1)
-            decisions = applied()  # logged once Serve runs the new allocation
+        # Logged once Serve runs the new allocation.
+        decisions = wait_until(applied, 6 * ALLOCATION_PERIOD_S + 120, interval_s=1.0,
+                               message="no runtime allocation applied")
         time.sleep(2)  # requests keep flowing after the replicas' runtime swap
     finally:
         stop.set()
@@ -102,15 +101,15 @@ def test_long_traffic_moves_the_short_replica_to_the_long_runtime_without_failur
     (override,) = [o for o in deployed_overrides("plexserve") if o["name"] == "model-minilm"]
     assert override["num_replicas"] == 2 and override["user_config"]["version"] == 1
     # Both replicas now run the long runtime: even a short text is served by it (once routing stats carry the swap).
-    served = set()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        served = {app["model"].embed_with_runtime.remote([[101, 2000, 102]])
-                  .result(timeout_s=60)["served_by_max_length_tokens"] for _ in range(4)}
-        if served == {LONG}:
-            break
-        time.sleep(1)
-    assert served == {LONG}
+    served: set = set()
+
+    def served_by_long_only() -> bool:
+        served.clear()
+        served.update(app["model"].embed_with_runtime.remote([[101, 2000, 102]])
+                      .result(timeout_s=60)["served_by_max_length_tokens"] for _ in range(4))
+        return served == {LONG}
+
+    wait_until(served_by_long_only, 60, interval_s=1.0, message=lambda: f"short texts served by {served}")
 
 
 def test_restarted_controller_adopts_the_running_allocation(app):
@@ -146,9 +145,7 @@ def test_latency_over_95_percent_of_the_slo_adds_a_replica_with_the_longest_runt
     (override,) = [o for o in deployed_overrides("plexserve") if o["name"] == "model-minilm"]
     assert override["num_replicas"] == 2
     assert {int(k): v for k, v in override["user_config"]["assignment"].items()} == {0: LONG, 1: LONG}
-    running = 0
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and running < 2:
-        time.sleep(1)
-        running = serve.status().applications["plexserve"].deployments["model-minilm"].replica_states.get("RUNNING", 0)
-    assert running == 2
+    def running() -> int:
+        return serve.status().applications["plexserve"].deployments["model-minilm"].replica_states.get("RUNNING", 0)
+
+    wait_until(lambda: running() == 2, 120, interval_s=1.0, message=lambda: f"{running()} minilm replicas running")

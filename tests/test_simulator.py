@@ -173,8 +173,8 @@ def test_host_contention_slows_a_batch_that_starts_while_another_group_computes(
         latency = shared.finish_s - workload.arrival_s
         np.testing.assert_allclose(latency, [service, 1.5 * service, service])
         np.testing.assert_allclose(shared.group_busy_seconds(), [2 * service, 1.5 * service])
-        # Each request's device time has the slowdown too (2026-11-26: it had the profiled latency alone), so the
-        # utilisation bins add up to the groups' busy seconds.
+        # Each request's device time has the slowdown too (not the profiled latency alone), so the utilisation
+        # bins add up to the groups' busy seconds.
         np.testing.assert_allclose(shared.device_seconds(), [service, 1.5 * service, service])
         np.testing.assert_allclose(shared.utilization(bin_s=1.0).sum(axis=1), shared.group_busy_seconds())
     alone = simulate(placement, profs, workload, SimulatorConfig())

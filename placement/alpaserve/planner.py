@@ -15,13 +15,13 @@ Beyond the paper (each a `PlannerConfig` field; issue 15 measured why, see bench
   absorb the bursts a finite planning sample lacks;
 * candidates that serve the planning workload about equally well (within `tie_tolerance`, both above
   :data:`STRESS_MIN_ATTAINMENT`) are told apart by denser replays of it (`stress_factors`): on bursty traffic
-  (CV 4) every partition may serve a 100 s sample fully while one-device groups miss 7-8x more held-out SLOs;
+  (CV 4) every partition may serve a 100 s sample fully while one-device groups miss many more held-out SLOs;
 * (model buckets, device split) pairs are ranked by their screened candidates and only the best few planned in
   full (`combos_keep`); all models in one bucket is also a candidate (`one_bucket_candidate`): the paper's
-  latency-ratio rule cut the winner on the six-model Table 1 mix;
+  latency-ratio rule can cut the winner (it does on the six-model Table 1 mix);
 * where the case is small enough (`lookahead_budget_requests`), the fast variant simulates a few models per round
-  (`lookahead`) and a budgeted local search follows it (`refine_simulations`): within 0.005 of beam search of
-  size 3 at a tenth of its simulations;
+  (`lookahead`) and a budgeted local search follows it (`refine_simulations`): close to beam search's
+  attainment at a fraction of its simulations;
 * a warm start: `plan(..., warm_start=running)` also scores the running placement and its groups re-selected.
 
 `PlannerConfig.paper()` is the paper's search (Alg. 1 greedy, every divisor group size x profiled configuration
@@ -90,13 +90,13 @@ UNEVEN_TOP_SIZES = 3
 DEFAULT_TIE_TOLERANCE = 0.001
 #: Stress replays of the planning workload, this many times faster. A finite planning sample of bursty (CV 4)
 #: traffic is often served fully by every candidate, while longer traffic holds denser bursts than the sample;
-#: a moderately denser replay ranks candidates as held-out traffic does (measured on the 48 x 64 AlpaServe test
-#: case: x1.5 orders one-, two-, four- and eight-device groups as the held-out 600 s do; x2 and more reward raw
-#: throughput instead, which the held-out traffic does not).
+#: a moderately denser replay ranks candidates as held-out traffic does (on the 48 x 64 AlpaServe test case x1.5
+#: orders one-, two-, four- and eight-device groups as held-out traffic does; x2 and more reward raw throughput,
+#: which held-out traffic does not; benchmarks/planner_quality.py measures it).
 DEFAULT_STRESS_FACTORS = (1.25, 1.5)
 #: ... and only where both serve at least this share of the planning workload: under overload the replays measure
-#: raw throughput, which the planning attainment already ranks (measured: 2x the test case's rate on 2.7B models,
-#: the replays preferred a partition that served 0.003 less of the held-out traffic).
+#: raw throughput, which the planning attainment already ranks (there the replays can prefer a partition that
+#: serves less of the held-out traffic).
 STRESS_MIN_ATTAINMENT = 0.99
 #: How Alg. 2 enumerates group sizes: powers of two (the project default, with two-size partitions beside them) or
 #: every divisor of the bucket's device count (the paper's equal groups with no remainder group).

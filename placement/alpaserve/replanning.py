@@ -27,11 +27,10 @@ disruption. The decision is plain data, written to the decision log as it is.
 the traffic since the shift, a window shorter than the policy's `fit_window_s`. A move chosen there whose gain is
 below `shift_confirm_below_gain` must also beat keeping by `min_gain` on the traffic fitted over `fit_window_s`
 (held out, through the rollout: `_confirm`): a real shift shows in the longer window too, a burst of a few seconds
-of bursty traffic mostly does not (a live run once swapped minilm-c off one of its two groups on a 5 s burst,
-predicted at +0.021, and swapped it back 14 s later). A move predicted to gain `shift_confirm_below_gain` or more is
-applied at once: right after a real shift the longer window is half before it and confirms nothing, and every
-unconfirmed move of 22 fidelity runs came after the popularity shift, predicted at +0.024 to +0.225 (21 of 25 at
-+0.05 or more), each applied 5 s or more later than it could have been. The few seconds since a shift may also
+of bursty traffic mostly does not (unconfirmed, a small predicted gain on a burst can swap a model off a group and
+back again seconds later). A move predicted to gain `shift_confirm_below_gain` or more is applied at once: right
+after a real shift the longer window is half before it and confirms nothing, and waiting for it would delay the
+large moves a real shift calls for. The few seconds since a shift may also
 show no move worth `min_gain` yet (a model's new rate is one device's worth in a 5 s draw), or only a small one
 that the half-old longer window does not confirm, so a shift decision that keeps gets further looks a shift window
 apart, each on the last two shift windows (`ReplanDecision.recheck_window_s`, `shift_looks.py`), instead of waiting
@@ -138,7 +137,7 @@ class ReplanDecision(BaseModel):
     chosen: CandidateName = Field(description="The candidate to run from now on.")
     in_sample_choice: CandidateName = Field(
         description="What the rule would choose judging the candidates as deployed on the resample they were made on "
-                    "(the controller before held-out scoring and transition pricing); for the log.")
+                    "(without held-out scoring and transition pricing); for the log.")
     predicted_gain: float = Field(description="Through-rollout attainment of the chosen candidate minus keeping, 0..1.")
     confirmation_gain: float | None = Field(
         default=None, description="A move chosen on a window shorter than fit_window_s (after a rate shift) with a "

@@ -6,8 +6,8 @@ Profiled latencies are lone requests on an idle device. The live system differs 
 share the host with the ingress and each other (each request slower), and the serving engine batches the requests
 that queue for a model (each request cheaper under load: a burst is answered far faster than lone times add up to).
 Which one wins depends on the load, so neither the lone times nor a closed-loop throughput probe predict the
-attainment of real traffic (a probe at full load overstated the per-request time by ~1.5x and the simulator fell
-0.15 below the real attainment).
+attainment of real traffic (a probe at full load overstates the per-request time, and a simulator fed it falls
+well below the real attainment).
 
 `calibrate_service_scale` replays the requests of an observation window (their real arrival times, on the placement
 that served them) in the simulator at a trial factor, and bisects the factor (on a log scale) until the simulated
@@ -154,8 +154,8 @@ def records_view(config: SimulatorConfig, client_round_trip_s: float) -> Simulat
     client) less `client_round_trip_s`, the way from the client to the ingress replica and back, which the ingress's
     clock does not see (`rayserve_apps/ingress/request_clock.py`). A refit on the records compares the simulator's
     latencies with theirs; with the whole overhead it would ask every request for that round trip more than the
-    records hold and fit the service times short by it (on `benchmarks/fidelity.py`'s records, 2026-11-27, the
-    controller's factors were 1.7% below those fitted on the client's latencies, and its simulator optimistic)."""
+    records hold and fit the service times short by it (the factors would come out below those fitted on the
+    client's latencies, and the simulator optimistic)."""
     if client_round_trip_s < 0:
         raise ValueError(f"client_round_trip_s={client_round_trip_s}: must be >= 0")
     if client_round_trip_s > config.request_overhead_s:

@@ -2,33 +2,25 @@
 
 The placement controller runs the two-window rate test (`placement.core.traffic_window.detect_rate_shifts`) at every
 poll, within the cool-down after a decision too. The cool-down spaces the decisions; it must not blind the test. A
-shift found within it is kept (`pending`) and triggers the decision as soon as the cool-down ends. Until 2026-11-25
-the test did not run within the cool-down: a period decision taken just after a change kept on a window mostly
-before it, by the end of the cool-down both of the test's windows held the new traffic, and the move waited for the
-next period (seed 1 of the fidelity runs at 06:33 and 08:39 on 2026-11-25: reaction 15.3 and 15.2 s; the latter's
-second half scored 0.046 below keeping the first placement).
+shift found within it is kept (`pending`) and triggers the decision as soon as the cool-down ends. Were the test
+blind within the cool-down, a period decision taken just after a change would keep the placement on a window mostly
+before it, by the end of the cool-down both of the test's windows would hold the new traffic, and the move would
+wait for the next period.
 
 A decision that falls due anyway (the period, a look after a kept shift decision) while a shift is found or pending
 is taken as a shift decision: judged on the traffic since the shift, not on a window that straddles it.
 
 Pausing or resuming the controller forgets the pending shifts (`forget`): a shift found before an operator froze the
-placement is no reason for a decision when it resumes (in a fidelity run of 2026-11-25 12:03 the controller resumed
-after a static run and a warm-up with a shift decision at 0.1 s on a shift found before them).
+placement is no reason for a decision when it resumes (e.g. after a static run and a warm-up, a shift found before
+them must not trigger a decision the moment the controller resumes).
 
-**The decision fits the traffic since the change** (2026-11-27). With each shift found, the controller passes when
+**The decision fits the traffic since the change**. With each shift found, the controller passes when
 the rates changed (`change_s`: `placement.core.traffic_window.estimate_change_s`); the shift triggers no decision
 before `min_fit_s` seconds of traffic since that change exist (unless a decision is due anyway), and the decision
-and the looks after it fit the seconds since the change (`fit_window_s`). Until then the shift decision fitted the
-test's later window, 5 s, whatever the change's time: a decision 1-4 s after the change fitted a window that was
-partly before it and kept, and the move came with the next decision 5 s later. Replayed offline through the
-controller's poll loop (shift test, change estimate, trigger, cool-down, looks, period; each request reported 0.5 s
-after it ended) on the records of 17 fidelity runs (51 traces, 2026-11-26 20:53 to 2026-11-27 08:55; a one-off
-script), the first move after the shift was decided 6.5 s after it on average against 7.9 s (8 s or later in 23
-traces against 34; earlier in 17, later in 8 by 1-2 s: there the decisions fell at other moments, and one taken
-2-4 s after the change that still found no move put the next one behind the cool-down), and none of the 574
-decisions before the shifts moved (none of 578 before). Letting a change newer than the last decision skip the
-cool-down was earlier on average (6.4 s) but later by up to 9 s in two traces and missed the move in one: not
-adopted.
+and the looks after it fit the seconds since the change (`fit_window_s`). A fixed window (the test's later one)
+would, for a decision shortly after the change, hold traffic from before it, keep the placement, and leave the move
+to the next decision. The cool-down still applies to a change newer than the last decision: skipping it would decide
+earlier on average, but later in some traces and miss the move in others.
 
 Plain data, no clock of its own: the controller passes the times (`time.monotonic()` seconds, as to
 `shift_looks.ShiftLooks`).

@@ -37,7 +37,7 @@ BISECTION_STEPS = 9
 #: Fewest requests during the pooled rollouts' loading spans that pin a slowdown.
 DEFAULT_MIN_LOADING_REQUESTS = 10
 #: Rollouts whose requests one fit pools (the newest ones): a rollout of a few seconds holds a few dozen requests,
-#: and single-rollout fits on the fidelity benchmark ranged 1.2-3.8 within one run (2026-11-24).
+#: too few for a steady fit on its own (single-rollout fits vary severalfold within one fidelity run).
 DEFAULT_POOLED_ROLLOUTS = 4
 
 

@@ -13,17 +13,16 @@ DEFAULT_QUANTILE = 0.9
 DEFAULT_MIN_ANSWERED = 50
 #: Weight of the factor in force when a new window's fit is blended in (geometric mean). Zero: a 30 s window refitted
 #: every 10 s period already overlaps the two before it, and a blend on top only delays the factor. The factor a
-#: window needs rose by about 4-8% over a controller run's first minute (fitted per 15 s on six fidelity runs' 18
-#: controller runs, 2026-11-24), so the delayed factor was low and the simulator optimistic: replayed on those
-#: records, 0.5 left a mean simulated-minus-real attainment of +0.025 (8 of 18 runs within 0.03), 0 left +0.021 (14).
+#: window needs rises over a controller run's first minute, so a delayed factor lags low and leaves the simulator
+#: optimistic (`benchmarks/fidelity_replay.py` scores the smoothing on a fidelity run's records).
 DEFAULT_SMOOTHING = 0.0
 #: Weight of the loading slowdown in force when a rollout's fit is blended in (geometric mean): a fit rests on the
-#: few dozen requests of the last rollouts, and one rollout's fits ranged 1.2-3.8x within one run.
+#: few dozen requests of the last rollouts, and one rollout's fits vary severalfold within one run.
 DEFAULT_LOADING_SMOOTHING = 0.5
 #: Seconds of records each fit replays. A one-period window (10 s in the fidelity benchmark) holds a few dozen
-#: requests of one load regime, and its fits swung 0.99-1.31 period to period (2026-11-24); replayed on four
-#: fidelity runs' records (`benchmarks/fidelity_replay.py`), 30 s gave the smallest `abs_gap_max` of 10, 30, 60 and
-#: 90 s on three and the smallest worst case (README, "Calibrated service times").
+#: requests of one load regime, and its fits swing from period to period; a longer window steadies the fit but lags
+#: the traffic. 30 s is the window of 10, 30, 60 and 90 s that gives the smallest simulated-minus-real gap
+#: (`abs_gap_max`) when `benchmarks/fidelity_replay.py` replays the refit on fidelity runs' records.
 DEFAULT_WINDOW_S = 30.0
 #: SLOs after its arrival by which a request has ended (answered, refused or missed): the service-time refit leaves
 #: out the requests of the window's last CALIBRATION_SETTLE_SLOS SLOs (plus a report period), and scores none of its

@@ -212,8 +212,7 @@ class ControllerSpec(_Strict):
                     "confirm every such move).")
     shift_looks: int = Field(default=2, ge=0,
                              description="Decisions after a shift decision that keeps, a shift window apart, each on "
-                                         "the last two shift windows (a move or any other decision ends them; 1 "
-                                         "until 2026-11-25).")
+                                         "the last two shift windows (a move or any other decision ends them).")
     shift_window_s: float = Field(default=5.0, gt=0,
                                   description="Seconds of each of the two windows the shift test compares.")
     shift_min_fit_s: float = Field(default=3.0, gt=0,

@@ -10,7 +10,7 @@ is the sum of its stage latencies and a pipeline admits a new batch every slowes
 measured profile also prices the runtime's per-hop overhead (each stage is a Ray actor call: submission,
 serialization, scheduling, the result's return) and, where the devices are logical CPU shares of one host, the
 host's cores, which bound throughput by the whole request's CPU (`ConfigProfile.period_s`). Profiles without those
-fields (older files, paper reproductions) price them at zero and no shared host: what they meant before.
+fields (files written without them, paper reproductions) price them at zero and no shared host.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from placement.core.placement_plan import GroupPlacement
 from placement.core.profiles import ProfileSet
 
 #: Stand-in weight loading bandwidth per device where a profile has no measured load time, bytes per second
-#: (a local disk read plus deserialisation on the development VM's CPU, order of magnitude).
+#: (a local disk read plus deserialisation on a CPU, order of magnitude).
 DEFAULT_LOAD_BANDWIDTH_BYTES_PER_S = 200e6
 #: Stand-in seconds to start a group replica (a Serve replica on new devices) before it loads its models.
 DEFAULT_REPLICA_START_S = 5.0

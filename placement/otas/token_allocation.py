@@ -233,9 +233,8 @@ class TokenAllocationParams(BaseModel):
         default keeps up to 32 Pareto labels per cell, a superset of the paper's label: never less expected utility
         per plan (the single label can miss the optimum when a prefix with more utility finishes too late for later
         batches; tests/test_otas_policies.py solves one by hand); and Alg. 3 uses the queue's slack
-        (`use_queue_slack`): on benchmarks/paper_claims.py's fluctuating trace (0.4-1.4x the gamma-0 capacity,
-        held-out grading) it lifts OTAS from 0.95x to 1.00x PetS's utility (f(q) had merged 17 % of the batches
-        although gamma 0 served every query in time)."""
+        (`use_queue_slack`): on a fluctuating trace, f(q) alone merges batches that gamma 0 would serve in time,
+        and loses accuracy for nothing (benchmarks/paper_claims.py compares the two)."""
         return cls(**{**cls.PAPER_VALUES, **overrides})
 
 

@@ -5,7 +5,7 @@ prediction. A batch's seconds run from its start to its answers (for a device gr
 a busy stage included). The fit is Theil-Sen (the median of the pairwise slopes, the intercept the median
 residual): one stalled batch (a neighbour loading a model, a rebuild) must not move it. Batches older than
 `MAX_AGE_S` are forgotten: an estimate from a slow spell that predicts every request late would otherwise cut every
-batch, so no batch would run to correct it (a model starved this way in a fidelity full run, 2026-11-26); with no
+batch, so no batch would run to correct it and the model would starve; with no
 recent batches there is no estimate and the scheduler's batch runs uncut.
 """
 

@@ -1,11 +1,11 @@
 """The serving engine of every replica: a queue per model, a batch former, a backend, and the answers.
 
-DESIGN.md, "How a request flows", step 5: one implementation of queue -> scheduler -> batch -> execute -> answer
+The batching step of a request's path: one implementation of queue -> scheduler -> batch -> execute -> answer
 serves the text replica, the vision replica and the group replica. What differs is plugged in:
 
 * a `BatchFormer` holds the waiting items of one model and decides what runs next: TCB's ConcatBatching
   schedulers for text (`text_batches.py`), OTAS' adaptive batching and token allocation for the adaptive ViT
-  (`otas_batches.py`);
+  (`vision_batches.py`);
 * a `BatchBackend` executes a formed batch: in this process (a single-device replica) or through a device group's
   stage actors, with several batches in flight so the stages overlap (AlpaServe §3: the pipeline must stay full).
 

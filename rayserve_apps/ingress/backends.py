@@ -43,8 +43,8 @@ class Backend(Protocol):
 class ModelDeploymentBackend:
     """One deployment per model: the request goes to its model's deployment (Serve picks the replica).
 
-    No SLO admission here (measured: with closed-loop clients at capacity, each refusal's CPU cost lowered
-    throughput and caused more refusals; README, Performance): the bound on what waits is the ingress's
+    No SLO admission here (with closed-loop clients at capacity, each refusal's CPU cost lowers throughput and
+    causes more refusals; `benchmarks/serve_e2e.py` shows it): the bound on what waits is the ingress's
     `ingress_max_ongoing_requests` / `ingress_max_queued_requests`, enforced by Serve's proxy before the ingress.
     """
 

@@ -1,4 +1,4 @@
-"""Ingress -> replica hops paid per batch of requests, not per request (DESIGN.md, request flow step 5).
+"""Ingress -> replica hops paid per batch of requests, not per request (the hop into the batching step).
 
 A `BatchForwarder` stands for one destination (a device group slot, or a model's own deployment) and one model.
 Requests that the ingress accepted for it are queued; while fewer than `max_calls_in_flight` calls are on their

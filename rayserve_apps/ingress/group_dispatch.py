@@ -11,9 +11,9 @@ hosting the model can finish the request within its SLO, and the ingress answers
 
 The views differ in one respect: here a request's predicted finish counts every request in flight ahead of it, while
 the batching simulator's counts only the batch running (its batch former drops later what can no longer finish).
-Neither side did better with the other's rule (2026-11-27, `benchmarks/fidelity_history.md`): the groups' engines
-cannot drop at a batch's start as exactly as the simulator's batch former does, and the simulator's service-time
-factor absorbs the difference.
+Each side keeps its own rule, since neither does better with the other's: the groups' engines cannot drop at a
+batch's start as exactly as the simulator's batch former does, and the simulator's service-time factor absorbs the
+difference.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from rayserve_apps.requests import RequestError
 #: replaced, a model loading beside it) must not refuse a model's requests for long.
 LATENCY_SAMPLES = 15
 #: Answers measured before the estimate may refuse anything: the median of fewer is one request's time, and the first
-#: request after a replica starts or a model is rebuilt pays for warm-up (a cold first answer once refused a burst).
+#: request after a replica starts or a model is rebuilt pays for warm-up (a cold first answer alone would refuse a
+#: burst).
 MIN_LATENCY_SAMPLES = 3
 #: Seconds without a measurement after which an idle group's estimate is re-checked by admitting one request.
 PROBE_AFTER_S = 2.0
@@ -54,7 +55,7 @@ class GroupState:
     #: `PROVEN_DEPTH_WINDOW_S`, depths decreasing (a sliding-window maximum). A request that would join the queue
     #: at no more than the deepest of them is admitted without the estimate: measured evidence that this depth
     #: meets the SLO beats a per-request estimate that lags when load rises and batches grow (a lagging estimate
-    #: once refused closed-loop clients at capacity, and each refusal's own CPU cost kept refusing).
+    #: refuses closed-loop clients at capacity, and each refusal's own CPU cost keeps it refusing).
     proven: dict[str, deque] = field(default_factory=dict)
 
     def proven_depth(self, model: str, now_s: float) -> int:

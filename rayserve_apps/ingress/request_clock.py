@@ -2,19 +2,18 @@
 
 An HTTP route starts the clock before it reads the body (`receiving()` in `Ingress._on_clock`); a handle call starts
 it when the Python API method begins (`received_at()`). Everything the ingress does for the request after that
-counts, as it does for the client: reading and parsing the body, validation, tokenization (0.75 ms for eight
-passages on an idle core of the development VM, more when the replicas compete for the cores), the model call.
+counts, as it does for the client: reading and parsing the body, validation, tokenization (slower when the replicas
+compete for the cores), the model call.
 
-Until 2026-11-26 the clock started only when the ingress called the model, after validation and tokenization: a
-deadline a client's request had already spent part of, and a latency (on the dashboard, in the SLO attainment, in the
-records the controller refits its simulator on) shorter than the one the client saw.
+A clock started only when the ingress calls the model, after validation and tokenization, would give a deadline the
+client's request has already spent part of, and a latency (on the dashboard, in the SLO attainment, in the records
+the controller refits its simulator on) shorter than the one the client sees.
 
 **The way to the ingress.** A client (or a proxy in front of the ingress) that says when it sent the request starts
 the clock there: the HTTP header `X-Request-Start` (`t=` and a Unix time in seconds, milliseconds or microseconds, as
 nginx's `t=${msec}` and Heroku's router write it), or `sent_at_s` (Unix seconds) on a handle call. The way from the
 client to the ingress replica then counts too: the router's and the replica's queues, which grow in bursts, exactly
-when requests come near their SLO (at the fidelity benchmark's load on the development VM, 11-15 ms on average and
-19-26 ms at the 90th percentile, against 4.5-7 ms and 7-9 ms for the way back; a one-off check, 2026-11-27). The
+when requests come near their SLO (under load this way there is longer than the way back). The
 clocks of the client's host and the ingress's must agree (NTP): a send time up to MAX_CLOCK_AHEAD_S ahead of the
 ingress's clock starts at the arrival, one further ahead or more than MAX_SENT_BEFORE_S before it is refused (422
 naming the header or the argument). Only the way back stays outside. Each answer carries the ingress's count
