@@ -247,9 +247,11 @@ ARLO_BASELINES = ("st", "dt", "infaas")
 #: seed + ARLO_HISTORY_OFFSET. The ST load level is chosen on benchmarks/polymorphing.py's seed-1 trace.
 ARLO_SEEDS_QUICK, ARLO_SEEDS_FULL = (5, 6, 7, 8, 9), tuple(range(5, 15))
 ARLO_HISTORY_OFFSET = 100
-#: Trace length and re-allocation period, in seconds (quick / full).
-ARLO_DURATION_QUICK_S, ARLO_PERIOD_QUICK_S = 20.0, 10.0
+#: Trace length and re-allocation period of the scored traces, in seconds (quick / full), and the length of the
+#: bursty trace the load level is chosen on (benchmarks/polymorphing.py's `st_sustained_rate`).
+ARLO_DURATION_QUICK_S, ARLO_PERIOD_QUICK_S = 10.0, 5.0
 ARLO_DURATION_FULL_S, ARLO_PERIOD_FULL_S = 240.0, 120.0
+ARLO_RATE_TRACE_QUICK_S, ARLO_RATE_TRACE_FULL_S = 20.0, 240.0
 
 
 def arlo_ratios(profiles, kind: str, rate: float, duration_s: float, period_s: float, seed: int, devices: int,
@@ -298,7 +300,7 @@ def arlo_claims(quick: bool) -> dict:
     duration, period = ((ARLO_DURATION_QUICK_S, ARLO_PERIOD_QUICK_S) if quick
                         else (ARLO_DURATION_FULL_S, ARLO_PERIOD_FULL_S))
     seeds = ARLO_SEEDS_QUICK if quick else ARLO_SEEDS_FULL
-    rate = st_sustained_rate(profiles, duration)
+    rate = st_sustained_rate(profiles, ARLO_RATE_TRACE_QUICK_S if quick else ARLO_RATE_TRACE_FULL_S)
     out: dict = {"terms": f"Bert-Base reproduction profiles (Arlo Fig. 2 shape), {PAPER_DEVICES} devices, "
                           f"{rate:.0f} req/s (ST's 90 %-SLO load on a bursty trace), Twitter-like lengths to 512 "
                           f"tokens; steady (Poisson) and bursty (MMPP) traces of {duration:.0f} s, seeds "
