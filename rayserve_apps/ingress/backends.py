@@ -45,7 +45,8 @@ class ModelDeploymentBackend:
 
     No SLO admission here (measured: with closed-loop clients at capacity, each refusal's CPU cost lowered
     throughput and caused more refusals; README, Performance): the bound on what waits is the ingress's
-    `ingress_max_ongoing_requests` / `ingress_max_queued_requests`, enforced by Serve's proxy before the ingress.
+    `ingress_max_ongoing_requests` / `ingress_max_queued_requests`, enforced before the routes
+    (`rayserve_apps/edge/admission.py`).
     """
 
     def __init__(self, handles: dict[str, DeploymentHandle], batched_models: set[str] | frozenset[str] = frozenset()):
