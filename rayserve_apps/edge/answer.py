@@ -53,9 +53,8 @@ async def guarded(work: Awaitable[Any], protocol: Protocol = "native") -> Respon
         result = await work
         return result if isinstance(result, Response) else JSONResponse(result)
     except RequestError as error:
-        if error.status_code == 503:
-            return retry_later(error.message, protocol, error.error_type)
-        return error_response(error, protocol=protocol)
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if error.status_code == 503 else None
+        return error_response(error, headers, protocol)
     except BackPressureError as error:  # the model's queue is full: shed load, never hang
         return retry_later(f"the model's replicas are saturated; retry later ({error.message})", protocol,
                            retry_after_s=error.retry_after_s or RETRY_AFTER_S)
@@ -63,7 +62,9 @@ async def guarded(work: Awaitable[Any], protocol: Protocol = "native") -> Respon
         return error_response(RequestError(422, "invalid_input", str(error)), protocol=protocol)
     except Exception as error:  # noqa: BLE001 - a failed replica must not become a 500 without a body
         logger.exception("request failed in a model replica")
-        return retry_later(f"{type(error).__name__}: the model replica failed; retry", protocol, "replica_failure")
+        return error_response(RequestError(REPLICA_FAILURE_STATUS, "replica_failure",
+                                           f"{type(error).__name__}: the model replica failed; retry"),
+                              {"Retry-After": str(RETRY_AFTER_S)}, protocol)
 
 
 def embedding_lists(rows: Sequence[Any]) -> list[list[float]]:
