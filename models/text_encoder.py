@@ -225,6 +225,12 @@ def load_text_tokenizer(source: str = MINILM_SOURCE) -> TextTokenizer:
                          config.vocab_size)
 
 
+def text_embedding_width(source: str = MINILM_SOURCE) -> int:
+    """Width of a text model's embeddings (its hidden size: the pooled, normalised last layer), without loading its
+    weights."""
+    return int(AutoConfig.from_pretrained(resolve_text_source(source), local_files_only=True).hidden_size)
+
+
 def text_weight_file(source: str) -> Path:
     """The weight file of a text model's directory (safetensors preferred)."""
     directory = resolve_text_source(source)

@@ -42,6 +42,7 @@ from rayserve_apps.contracts import (
 )
 from rayserve_apps.control.cluster_fit import check_placement_fits
 from rayserve_apps.control.controller import PlacementController
+from rayserve_apps.edge.admission import serve_limits
 from rayserve_apps.engine import batching_scheduler_for
 from rayserve_apps.ingress.deployment import Ingress
 from rayserve_apps.replicas.group import GroupReplica
@@ -176,9 +177,10 @@ def build_app(args: dict[str, Any] | DeploymentSpec) -> Application:
     """Ray Serve application builder: `import_path: rayserve_apps.app:build_app`, `args:` a deployment spec."""
     spec = resolve_placement(parse_spec(args))
     layout = initial_layout(spec)
+    # The ingress keeps the spec's bound itself (`edge/admission.py`), so that a refusal speaks the route's protocol.
     ingress = Ingress.options(ray_actor_options=replica_actor_options(spec.serving.num_cpus_ingress),
-                              max_ongoing_requests=spec.serving.ingress_max_ongoing_requests,
-                              max_queued_requests=spec.serving.ingress_max_queued_requests,
+                              **serve_limits(spec.serving.ingress_max_ongoing_requests,
+                                             spec.serving.ingress_max_queued_requests),
                               backpressure_config=BackpressureConfig(
                                   retry_after_s=spec.serving.ingress_retry_after_s),
                               user_config=ingress_user_config(layout, layout.routes(), version=0))

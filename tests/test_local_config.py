@@ -101,15 +101,21 @@ def test_adaptive_vit_takes_task_slo_and_utility_and_names_bad_ones(local_app):
 
 def test_past_the_ingress_bound_the_ingress_refuses_with_retry_after_and_nothing_fails(local_app):
     """More requests at once than the config lets wait (`ingress_max_ongoing_requests` running in the ingress plus
-    `ingress_max_queued_requests` waiting for it): Serve refuses the excess with 503 and Retry-After before
-    plexserve's code, every other request is answered, and the app keeps answering afterwards."""
+    `ingress_max_queued_requests` waiting for it): the ingress refuses the excess with 503 and Retry-After before
+    reading their bodies, in the route's protocol's JSON error body (OpenAI's on /v1/embeddings, plexserve's on its
+    own routes), every other request is answered, and the app keeps answering afterwards."""
     serving = local_app["spec"].serving
     bound = serving.ingress_max_ongoing_requests + serving.ingress_max_queued_requests
     assert serving.ingress_max_queued_requests >= 0, "local.yaml bounds what waits for the ingress"
     url = f"{local_app['url']}/v1/models/minilm/embed"
 
+    openai_url = f"{local_app['url']}/v1/embeddings"
+
     def send(index: int) -> requests.Response:
-        return requests.post(url, json={"texts": [f"request number {index} of a burst"]}, timeout=300)
+        text = f"request number {index} of a burst"
+        if index % 2:
+            return requests.post(openai_url, json={"model": "minilm", "input": [text]}, timeout=300)
+        return requests.post(url, json={"texts": [text]}, timeout=300)
 
     with ThreadPoolExecutor(max_workers=3 * bound) as pool:
         answers = list(pool.map(send, range(3 * bound)))
@@ -118,6 +124,12 @@ def test_past_the_ingress_bound_the_ingress_refuses_with_retry_after_and_nothing
     refused = [answer for answer in answers if answer.status_code == 503]
     assert refused and statuses.count(200) >= serving.ingress_max_ongoing_requests // 2, statuses.count(200)
     assert all(answer.headers.get("retry-after") == f"{serving.ingress_retry_after_s:.0f}" for answer in refused)
+    for answer in refused:
+        error = answer.json()["error"]
+        if answer.url.endswith("/v1/embeddings"):
+            assert error["type"] == "server_error" and error["code"] == "overloaded", error
+        else:
+            assert error["type"] == "overloaded" and set(error) == {"type", "message", "field"}, error
     assert send(-1).status_code == 200
 
 

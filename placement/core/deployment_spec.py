@@ -152,14 +152,13 @@ class ServingSpec(_Strict):
                     "the app's throughput times its SLO to keep accepted requests within their SLO past saturation.")
     ingress_max_queued_requests: int = Field(
         default=-1, ge=-1,
-        description="Requests Ray Serve holds for the ingress while every ingress replica has "
-                    "`ingress_max_ongoing_requests` in flight; past it Serve answers 503 (with Retry-After) before "
-                    "plexserve's code runs: its proxy does, or, in the fast-ingress mode `make serve` runs "
-                    "(`rayserve_apps.fast_ingress`), the ingress replica's own HTTP server. -1: unbounded "
-                    "(Serve's default).")
+        description="Requests one ingress replica holds waiting while it has `ingress_max_ongoing_requests` in "
+                    "flight; past it the replica answers 503 with Retry-After before reading the body, in the "
+                    "route's protocol (OpenAI's, KServe's or plexserve's error body), in either ingress mode "
+                    "(Serve's proxy or the fast ingress `make serve` runs). -1: unbounded (Serve's default).")
     ingress_retry_after_s: float = Field(
         default=1.0, gt=0,
-        description="Retry-After (seconds, rounded up) of Serve's 503 when `ingress_max_queued_requests` "
+        description="Retry-After (seconds, rounded up) of the ingress's 503 when `ingress_max_queued_requests` "
                     "is reached.")
 
 

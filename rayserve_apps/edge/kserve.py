@@ -1,13 +1,20 @@
 """The KServe / Triton v2 inference protocol over plexserve's models ("Open Inference Protocol", REST).
 
-- `GET /v2`, `/v2/health/live`, `/v2/health/ready` (503 unless every model is ready, see `health.py`);
-- `GET /v2/models/{name}` metadata and `/v2/models/{name}/ready`;
-- `POST /v2/models/{name}/infer`: for a text model one BYTES input `texts` [N] -> `embeddings` FP32 [N, width];
-  for a vision model one input `images`, FP32 [N, C, H, W] in the model's input
-  normalisation, or UINT8 raw pixels [N, C, H, W] or [N, H, W, C] of any size (resized and normalised like an image
-  file, as `dtype: uint8` on classify), as JSON `data` or as binary data after the JSON
-  header (`Inference-Header-Content-Length`); outputs `probabilities` FP32 [N, classes] and `label` INT64 [N], as
-  JSON or binary (`binary_data_output`, or per output `binary_data`). What `tritonclient.http` sends and reads.
+- `GET /v2` (its `extensions` list `binary_tensor_data`), `/v2/health/live`, `/v2/health/ready` (503 unless every
+  model is ready, see `health.py`);
+- `GET /v2/models/{name}` metadata and `/v2/models/{name}/ready`, and the same under
+  `/v2/models/{name}/versions/{version}` (every model is served at version `MODEL_VERSION`; another version is 404);
+- `POST /v2/models/{name}[/versions/{version}]/infer`: for a text model one BYTES input `texts` [N] -> `embeddings` FP32
+  [N, width]; for a vision model one input `images`, FP32 [N, C, H, W] in the model's input normalisation, or UINT8 raw
+  pixels [N, C, H, W] or [N, H, W, C] of any size (resized and normalised like an image file, as `dtype: uint8` on
+  classify), as JSON `data` or as binary data after the JSON header (`Inference-Header-Content-Length`); outputs
+  `probabilities` FP32 [N, classes] and `label` INT64 [N], as JSON or binary (`binary_data_output`, or per output
+  `binary_data`). What `tritonclient.http` sends and reads.
+
+Errors are the protocol's `{"error": "<message>"}` (`edge/errors.py`): 400 for any bad input (the message names the
+input, e.g. a binary body shorter or longer than the input's `binary_data_size`, or a BYTES element's length prefix
+running past its end), 404 for an unknown model or version, 413 for a body past `serving.max_request_bytes`, 503
+with `Retry-After` when overloaded.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from placement.core.deployment_spec import ModelSpec
 from rayserve_apps.edge.body_limit import read_body
@@ -48,6 +55,22 @@ OUTPUT_DATATYPES = {PROBABILITIES_OUTPUT: "FP32", LABEL_OUTPUT: "INT64", EMBEDDI
 BYTES_LENGTH_PREFIX = 4
 #: Largest tensor rank accepted (an image batch is rank 4).
 MAX_RANK = 8
+#: Protocol extensions the server supports, as its metadata lists them (the binary tensor data extension's name).
+EXTENSIONS = ["binary_tensor_data"]
+
+
+class KServeErrorResponse(BaseModel):
+    """Every 4xx and 5xx answer of the v2 routes."""
+
+    error: StrictStr = Field(description="What is wrong, naming the input, model or limit.")
+
+
+#: Responses the v2 routes document besides their 200.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": KServeErrorResponse, "description": description} for status, description in (
+        (400, "Bad input"), (404, "Unknown model or version"), (413, "Body past the byte limit"),
+        (503, "Overloaded or not hosted right now; retry"))
+}
 
 
 class InferParameters(BaseModel):
@@ -93,17 +116,23 @@ def server_metadata() -> dict[str, Any]:
         server_version = version("plexserve")
     except PackageNotFoundError:  # pragma: no cover - run from a checkout without installing
         server_version = "0"
-    return {"name": "plexserve", "version": server_version, "extensions": []}
+    return {"name": "plexserve", "version": server_version, "extensions": list(EXTENSIONS)}
 
 
-def served_model(ingress: "Ingress", name: str) -> ModelSpec:
-    """The served model `name` of either kind; 404 naming the served models when unknown."""
+def served_model(ingress: "Ingress", name: str, version: str | None = None) -> ModelSpec:
+    """The served model `name` of either kind, at `version` when one is named; 404 naming the served models when
+    unknown, and naming the served version for another version."""
     kind = next((m.kind for m in ingress.spec.models if m.name == name), "vision")
-    return find_model(ingress.spec, name, kind)
+    model = find_model(ingress.spec, name, kind)
+    if version is not None and version != MODEL_VERSION:
+        raise RequestError(404, "unknown_version",
+                           f"model {name!r} has no version {version[:40]!r}; it is served at version {MODEL_VERSION}",
+                           field="version")
+    return model
 
 
-def model_metadata(ingress: "Ingress", name: str) -> dict[str, Any]:
-    model = served_model(ingress, name)
+def model_metadata(ingress: "Ingress", name: str, version: str | None = None) -> dict[str, Any]:
+    model = served_model(ingress, name, version)
     if model.kind == "vision":
         side = model.image_size_px or 224
         inputs = [{"name": IMAGES_INPUT, "datatype": "FP32", "shape": [-1, model.in_chans, side, side]}]
@@ -121,8 +150,8 @@ async def server_ready(ingress: "Ingress") -> tuple[bool, dict[str, bool]]:
     return all(ready.values()), ready
 
 
-async def model_ready(ingress: "Ingress", name: str) -> bool:
-    served_model(ingress, name)
+async def model_ready(ingress: "Ingress", name: str, version: str | None = None) -> bool:
+    served_model(ingress, name, version)
     return (await models_ready(ingress, [name]))[name]
 
 
@@ -153,10 +182,12 @@ def input_array(tensor: InferInput, binary: bytes) -> tuple[np.ndarray, str]:
     count = math.prod(tensor.shape)
     size = tensor.parameters.binary_data_size
     if size is not None:
-        if size != count * np.dtype(numpy_type).itemsize or size > len(binary):
-            raise RequestError(422, "invalid_shape",
-                               f"binary_data_size {size} does not hold shape {tensor.shape} of {tensor.datatype} "
-                               f"(or passes the body's end)", field=field)
+        if size != count * np.dtype(numpy_type).itemsize:
+            raise RequestError(400, "invalid_shape",
+                               f"input {tensor.name!r}: binary_data_size {size} bytes does not hold shape "
+                               f"{tensor.shape} of {tensor.datatype} ({count * np.dtype(numpy_type).itemsize} bytes)",
+                               field=field)
+        check_binary_size(tensor, binary)
         return np.frombuffer(binary, dtype=numpy_type, count=count).reshape(tensor.shape), dtype
     if tensor.data is None:
         raise RequestError(422, "invalid_field", "an input needs 'data' or parameters.binary_data_size", field=field)
@@ -206,22 +237,49 @@ def infer_response(name: str, request: InferRequest, tensors: dict[str, np.ndarr
                     headers={HEADER_LENGTH: str(len(encoded))})
 
 
+def check_binary_size(tensor: InferInput, binary: bytes) -> None:
+    """The binary part of the body must be exactly the input's `binary_data_size` bytes (plexserve's models take
+    one input): 400 naming the input when it is shorter or longer."""
+    size = tensor.parameters.binary_data_size
+    if size is not None and size != len(binary):
+        raise RequestError(400, "invalid_binary_size",
+                           f"input {tensor.name!r} declares binary_data_size {size} bytes but the body holds "
+                           f"{len(binary)} bytes after its JSON header", field=f"inputs.{tensor.name}")
+
+
+def bytes_elements(name: str, raw: bytes) -> list[bytes]:
+    """The elements of a binary BYTES tensor (each a 4-byte little-endian length, then that many bytes); 400 naming
+    the input when a length prefix, or the length it gives, runs past the tensor's end."""
+    elements, offset = [], 0
+    while offset < len(raw):
+        if offset + BYTES_LENGTH_PREFIX > len(raw):
+            raise RequestError(400, "invalid_binary_size",
+                               f"input {name!r}: element {len(elements)}'s length prefix at byte {offset} runs past "
+                               f"the tensor's {len(raw)} bytes", field=f"inputs.{name}")
+        length = int.from_bytes(raw[offset : offset + BYTES_LENGTH_PREFIX], "little")
+        start = offset + BYTES_LENGTH_PREFIX
+        if start + length > len(raw):
+            raise RequestError(400, "invalid_binary_size",
+                               f"input {name!r}: element {len(elements)} declares {length} bytes at byte {start}, "
+                               f"past the tensor's {len(raw)} bytes", field=f"inputs.{name}")
+        elements.append(raw[start : start + length])
+        offset = start + length
+    return elements
+
+
 def text_input(tensor: InferInput, binary: bytes) -> list[str]:
     """A BYTES input of texts: JSON `data` strings, or binary elements (each a 4-byte little-endian length and the
-    UTF-8 bytes, Triton's layout)."""
+    UTF-8 bytes, Triton's layout), their sizes checked against the body."""
     field = f"inputs.{tensor.name}"
     if tensor.name != TEXTS_INPUT or tensor.datatype != "BYTES":
         raise RequestError(422, "invalid_field",
                            f"text models take one BYTES input {TEXTS_INPUT!r}, got {tensor.name!r} of "
                            f"{tensor.datatype}", field=field)
     count = math.prod(tensor.shape) if all(size >= 0 for size in tensor.shape) else -1
+    check_binary_size(tensor, binary)
     with input_errors(field):
         if tensor.parameters.binary_data_size is not None:
-            raw, texts, offset = binary[: tensor.parameters.binary_data_size], [], 0
-            while offset < len(raw):
-                length = int.from_bytes(raw[offset : offset + BYTES_LENGTH_PREFIX], "little")
-                texts.append(raw[offset + BYTES_LENGTH_PREFIX : offset + BYTES_LENGTH_PREFIX + length].decode("utf-8"))
-                offset += BYTES_LENGTH_PREFIX + length
+            texts = [element.decode("utf-8") for element in bytes_elements(tensor.name, binary)]
         else:
             texts = np.asarray(tensor.data if tensor.data is not None else [], dtype=object).flatten().tolist()
         if count != len(texts) or not all(isinstance(text, str) for text in texts):
@@ -231,8 +289,8 @@ def text_input(tensor: InferInput, binary: bytes) -> list[str]:
     return texts
 
 
-async def infer(ingress: "Ingress", name: str, request: Request) -> Response:
-    model = served_model(ingress, name)
+async def infer(ingress: "Ingress", name: str, request: Request, version: str | None = None) -> Response:
+    model = served_model(ingress, name, version)
     kind = model.kind
     header, binary = split_body(await read_body(request, ingress.spec.serving.max_request_bytes),
                                 request.headers.get(HEADER_LENGTH))
@@ -240,6 +298,11 @@ async def infer(ingress: "Ingress", name: str, request: Request) -> Response:
     if len(body.inputs) != 1:
         raise RequestError(422, "invalid_field", f"{kind} models take one input, got {len(body.inputs)}",
                            field="inputs")
+    if binary and body.inputs[0].parameters.binary_data_size is None:
+        raise RequestError(400, "invalid_binary_size",
+                           f"the body holds {len(binary)} bytes after its JSON header but input "
+                           f"{body.inputs[0].name!r} declares no binary_data_size",
+                           field=f"inputs.{body.inputs[0].name}")
     if kind == "text":
         texts = text_input(body.inputs[0], binary)
         answer = await embed_texts(ingress, name, texts, field=f"inputs.{TEXTS_INPUT}")

@@ -1,12 +1,18 @@
 """OpenAI's embeddings API: `POST /v1/embeddings`, so OpenAI SDKs and the connectors built on them embed with
 plexserve's text models.
 
-Request: `model` (a served text model), `input` (a string, a list of strings, or token arrays: one list of ids or a
-list of them, ids of the *model's own* tokenizer with its special tokens), `encoding_format` ("float" or "base64":
-little-endian float32 bytes), `dimensions` (accepted only when equal to the model's own width; plexserve does not
-shorten embeddings), `user` (accepted, not used). Response: `{"object": "list", "data": [{"object": "embedding",
-"index", "embedding"}], "model", "usage": {"prompt_tokens", "total_tokens"}}`, token counts as the model ran them
-(after truncation when its spec truncates). `GET /v1/models` also answers in OpenAI's list shape.
+Request: `model` (a served text model), `input` (a string, a list of strings, or token arrays: one list of ids or a list
+of them, ids of the *model's own* tokenizer with its special tokens), `encoding_format` ("float" or "base64":
+little-endian float32 bytes), `dimensions` (accepted only when equal to the model's own width, checked before anything
+is computed; plexserve does not shorten embeddings), `user` (accepted, not used). Response: `{"object": "list", "data":
+[{"object": "embedding", "index", "embedding"}], "model", "usage": {"prompt_tokens", "total_tokens"}}`, token counts as
+the model ran them (after truncation when its spec truncates). `GET /v1/models` also answers in OpenAI's list shape, and
+`GET /v1/models/{id}` with OpenAI's model object.
+
+Errors are OpenAI's (`edge/errors.py`): `{"error": {"message", "type", "param", "code"}}`, 400
+`invalid_request_error` naming the field in `param` for any bad input, 404 with code `model_not_found` for an unknown
+model, 413 for a body past `serving.max_request_bytes`, 503 `server_error` with `Retry-After` when overloaded; the
+`openai` SDK raises `BadRequestError`, `NotFoundError`, `APIStatusError` and `InternalServerError` on them.
 
 Connectors that tokenize with tiktoken before sending (LangChain's `OpenAIEmbeddings` unless
 `check_embedding_ctx_length=False`) send ids that mean nothing to these models: set that option off.
@@ -21,11 +27,15 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from pydantic import BaseModel, Field, StrictInt
 
+from placement.core.deployment_spec import DeploymentSpec
 from rayserve_apps.edge.answer import embedding_lists
 from rayserve_apps.edge.errors import input_errors
 from rayserve_apps.edge.native import embed_texts
 from rayserve_apps.edge.schemas import StrictBody, Text, validate_body
 from rayserve_apps.requests import RequestError, find_model
+
+#: What the served models' OpenAI model objects name as their owner.
+OWNER = "plexserve"
 
 if TYPE_CHECKING:
     from rayserve_apps.ingress.deployment import Ingress
@@ -63,6 +73,36 @@ class EmbeddingsResponse(BaseModel):
     data: list[Embedding]
     model: str
     usage: Usage
+
+
+class ModelObject(BaseModel):
+    """OpenAI's model object (`GET /v1/models/{id}`)."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(description="Unix seconds the model was created; 0: not known.")
+    owned_by: str
+
+
+class OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str = Field(description="'invalid_request_error' for a client error, 'server_error' for a 5xx.")
+    param: str | None = Field(description="The request field concerned (e.g. input[3], dimensions), or null.")
+    code: str | None = Field(description="e.g. model_not_found, request_too_large, overloaded.")
+
+
+class OpenAIErrorResponse(BaseModel):
+    """Every 4xx and 5xx answer of the OpenAI routes."""
+
+    error: OpenAIErrorDetail
+
+
+#: Responses the OpenAI routes document besides their 200.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": OpenAIErrorResponse, "description": description} for status, description in (
+        (400, "Bad input (the field in 'param')"), (404, "Unknown model (code model_not_found)"),
+        (413, "Body past the byte limit"), (503, "Overloaded or not hosted right now; retry"))
+}
 
 
 async def _embed_texts(ingress: "Ingress", model: str, texts: list[str]) -> tuple[list[list[float]], int]:
@@ -106,6 +146,11 @@ def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
 async def embeddings(ingress: "Ingress", payload: dict[str, Any]) -> dict[str, Any]:
     body = validate_body(EmbeddingsRequest, payload)
     model = find_model(ingress.spec, body.model, "text").name
+    width = ingress.text_widths[model]
+    if body.dimensions is not None and body.dimensions != width:
+        raise RequestError(400, "unsupported_value",
+                           f"model {model!r} answers {width}-dimensional embeddings and does not shorten them; "
+                           f"omit 'dimensions' or set it to {width}", field="dimensions")
     items = body.input
     if isinstance(items, str) or (items and isinstance(items[0], str)):
         vectors, tokens = await _embed_texts(ingress, model, [items] if isinstance(items, str) else list(items))
@@ -114,11 +159,6 @@ async def embeddings(ingress: "Ingress", payload: dict[str, Any]) -> dict[str, A
             raise RequestError(422, "invalid_field", "'input' must not be empty", field="input")
         token_ids = [list(items)] if isinstance(items[0], int) else [list(ids) for ids in items]
         vectors, tokens = await _embed_token_ids(ingress, model, token_ids)
-    if body.dimensions is not None and vectors and body.dimensions != len(vectors[0]):
-        raise RequestError(422, "unsupported_field",
-                           f"model {model!r} answers {len(vectors[0])}-dimensional embeddings and "
-                           f"does not shorten them; omit 'dimensions' or set it to {len(vectors[0])}",
-                           field="dimensions")
     data = [{"object": "embedding", "index": index, "embedding": _encode(vector, body.encoding_format)}
             for index, vector in enumerate(vectors)]
     return {"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
@@ -127,6 +167,12 @@ async def embeddings(ingress: "Ingress", payload: dict[str, Any]) -> dict[str, A
 def with_model_list(models: dict[str, Any]) -> dict[str, Any]:
     """`GET /v1/models` also in OpenAI's shape (`object: list`, `data: [{id, object: model, ...}]`), so that an
     OpenAI client's `models.list()` sees the served models; plexserve's own `models` key is kept."""
-    data = [{"id": model["name"], "object": "model", "created": 0, "owned_by": "plexserve"}
-            for model in models["models"]]
+    data = [{"id": model["name"], "object": "model", "created": 0, "owned_by": OWNER} for model in models["models"]]
     return {**models, "object": "list", "data": data}
+
+
+def model_object(spec: DeploymentSpec, name: str) -> dict[str, Any]:
+    """OpenAI's model object of the served model `name` (of either kind); 404 `model_not_found` when unknown."""
+    kind = next((m.kind for m in spec.models if m.name == name), "text")
+    model = find_model(spec, name, kind)
+    return {"id": model.name, "object": "model", "created": 0, "owned_by": OWNER}

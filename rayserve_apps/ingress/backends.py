@@ -45,7 +45,8 @@ class ModelDeploymentBackend:
 
     No SLO admission here (with closed-loop clients at capacity, each refusal's CPU cost lowers throughput and
     causes more refusals; `benchmarks/serve_e2e.py` shows it): the bound on what waits is the ingress's
-    `ingress_max_ongoing_requests` / `ingress_max_queued_requests`, enforced by Serve's proxy before the ingress.
+    `ingress_max_ongoing_requests` / `ingress_max_queued_requests`, enforced before the routes
+    (`rayserve_apps/edge/admission.py`).
     """
 
     def __init__(self, handles: dict[str, DeploymentHandle], batched_models: set[str] | frozenset[str] = frozenset()):

@@ -7,17 +7,20 @@ HTTP (FastAPI inside Ray Serve):
   `{"images_base64": ["<PNG or JPEG>", ...]}`, optional `"top_k"`, and, for a
   token-adaptation (OTAS) model, optional `"task"`, `"slo_ms"`, `"utility"` -> `{"model", "predictions",
   "ingress_latency_ms"}`
-- `GET  /v1/models`                  the served models with their kind and limits
+- `GET  /v1/models`                  the served models with their kind and limits (also in OpenAI's list shape)
+- `GET  /v1/models/{id}`             one served model as OpenAI's model object
 - `GET  /v1/placement`               the live placement (groups, their models, replicas) or the per-model layout
 - `GET  /v1/placement/history`       the placement controller's recent decisions (`?limit=N`)
 - `GET  /healthz`                     200 when every model can answer, else 503
 - `POST /v1/embeddings`              OpenAI's embeddings API (`rayserve_apps/edge/openai_api.py`)
-- `GET  /v2`, `/v2/health/live`, `/v2/health/ready`, `/v2/models/{name}`, `/v2/models/{name}/ready`,
-  `POST /v2/models/{name}/infer`     the KServe/Triton v2 protocol (`rayserve_apps/edge/kserve.py`)
+- `GET  /v2`, `/v2/health/live`, `/v2/health/ready`, `/v2/models/{name}[/versions/{version}]`,
+  `.../ready`, `POST .../infer`     the KServe/Triton v2 protocol (`rayserve_apps/edge/kserve.py`)
 
-Every error, FastAPI's own included, is `{"error": {"type", "message", "field"}}`; request and response bodies are
-pydantic models (`rayserve_apps/edge/schemas.py`) shown at `/docs`. A request's clock starts when it arrives, or
-at its client's `X-Request-Start` header (`request_clock.py`).
+Every error, FastAPI's own and the ingress's refusal past its bound (`edge/admission.py`) included, takes the
+route's protocol's shape (`edge/errors.py`): `{"error": {"type", "message", "field"}}` on plexserve's routes,
+OpenAI's `{"error": {"message", "type", "param", "code"}}` on its routes, `{"error": "<message>"}` on `/v2`.
+Request and response bodies are pydantic models (`rayserve_apps/edge/schemas.py`) shown at `/docs`. A request's
+clock starts when it arrives, or at its client's `X-Request-Start` header (`request_clock.py`).
 
 Python: `handle.embed.remote(model, texts)`, `handle.classify.remote(model, images)` (each also takes `sent_at_s`,
 the client's send time), `handle.list_models.remote()`
@@ -36,16 +39,17 @@ from ray import serve
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 
-from models.text_encoder import TextTokenizer, load_text_tokenizer
+from models.text_encoder import TextTokenizer, load_text_tokenizer, text_embedding_width
 from placement.alpaserve.placement_rollout import SlotLayout
 from placement.core.deployment_spec import DeploymentSpec, ModelSpec, parse_spec
 from placement.core.traffic_window import RequestRecord
 from rayserve_apps import metrics
 from rayserve_apps.contracts import polymorphing_params
 from rayserve_apps.edge import kserve, native, openai_api
+from rayserve_apps.edge.admission import Admission, AdmissionGate
 from rayserve_apps.edge.answer import answer, embedding_lists, guarded
 from rayserve_apps.edge.attainment import SloAttainment
-from rayserve_apps.edge.errors import error_response, install_error_handlers
+from rayserve_apps.edge.errors import Protocol, error_response, install_error_handlers, protocol_of
 from rayserve_apps.edge.health import group_info
 from rayserve_apps.edge.schemas import (
     ERROR_RESPONSES,
@@ -75,6 +79,9 @@ DEFAULT_HISTORY_LIMIT = 20
 
 app = FastAPI(title="plexserve", description="Many transformer models on one Ray cluster.")
 install_error_handlers(app)
+#: The bound this process's ingress replica keeps on what it holds (configured from the spec by `Ingress`).
+ADMISSION = Admission()
+app.add_middleware(AdmissionGate, admission=ADMISSION)
 
 
 def describe_model(model: ModelSpec, text_limit: int | None) -> dict[str, Any]:
@@ -111,6 +118,11 @@ class Ingress:
             m.name: load_text_tokenizer(m.source) for m in self.spec.models if m.kind == "text"
         }
         self.text_limits = {name: self._text_limit(name, tok) for name, tok in self.tokenizers.items()}
+        #: Width of each text model's embeddings (OpenAI's `dimensions` is checked against it before any compute).
+        self.text_widths = {m.name: text_embedding_width(m.source) for m in self.spec.models if m.kind == "text"}
+        serving = self.spec.serving
+        ADMISSION.configure(serving.ingress_max_ongoing_requests, serving.ingress_max_queued_requests,
+                            serving.ingress_retry_after_s)
         self.edge = native.Edge(self.spec)
 
     def _text_limit(self, model: str, tokenizer: TextTokenizer) -> int:
@@ -243,12 +255,14 @@ class Ingress:
         try:
             received = Received.from_header(request.headers.get(REQUEST_START_HEADER))
         except RequestError as error:
-            return error_response(error)
+            return error_response(error, protocol=protocol_of(request.url.path, request.method))
         with receiving(received):
             return await respond()
 
-    async def _answer(self, request: Request, call: Callable[[dict[str, Any]], Awaitable[Any]]) -> Response:
-        return await self._on_clock(request, lambda: answer(request, self.spec.serving.max_request_bytes, call))
+    async def _answer(self, request: Request, call: Callable[[dict[str, Any]], Awaitable[Any]],
+                      protocol: Protocol = "native") -> Response:
+        return await self._on_clock(request, lambda: answer(request, self.spec.serving.max_request_bytes, call,
+                                                            protocol))
 
     @app.post("/v1/models/{name}/embed", response_model=EmbedResponse, responses=ERROR_RESPONSES,
               openapi_extra=json_body(EmbedRequest))
@@ -263,6 +277,14 @@ class Ingress:
     @app.get("/v1/models")
     def http_models(self) -> dict[str, Any]:
         return openai_api.with_model_list(self.list_models())
+
+    @app.get("/v1/models/{name}", response_model=openai_api.ModelObject, responses=openai_api.ERROR_RESPONSES)
+    async def http_openai_model(self, name: str) -> Response:
+        """OpenAI's model object of a served model (`client.models.retrieve`); 404 `model_not_found` otherwise."""
+        async def work() -> dict[str, Any]:
+            return openai_api.model_object(self.spec, name)
+
+        return await guarded(work(), "openai")
 
     @app.get("/v1/placement")
     async def http_placement(self) -> dict[str, Any]:
@@ -288,10 +310,10 @@ class Ingress:
 
     # ---- HTTP edge (issue 16): OpenAI embeddings and the KServe/Triton v2 protocol; logic in rayserve_apps/edge/ ----
 
-    @app.post("/v1/embeddings", response_model=openai_api.EmbeddingsResponse, responses=ERROR_RESPONSES,
+    @app.post("/v1/embeddings", response_model=openai_api.EmbeddingsResponse, responses=openai_api.ERROR_RESPONSES,
               openapi_extra=json_body(openai_api.EmbeddingsRequest))
     async def http_openai_embeddings(self, request: Request) -> Response:
-        return await self._answer(request, lambda payload: openai_api.embeddings(self, payload))
+        return await self._answer(request, lambda payload: openai_api.embeddings(self, payload), "openai")
 
     @app.get("/v2")
     def http_v2_server_metadata(self) -> dict[str, Any]:
@@ -306,21 +328,42 @@ class Ingress:
         ready, models = await kserve.server_ready(self)
         return JSONResponse({"ready": ready, "models": models}, status_code=200 if ready else 503)
 
-    @app.get("/v2/models/{name}", responses=ERROR_RESPONSES)
+    @app.get("/v2/models/{name}", responses=kserve.ERROR_RESPONSES)
     async def http_v2_model_metadata(self, name: str) -> Response:
-        async def work() -> dict[str, Any]:
-            return kserve.model_metadata(self, name)
+        return await self._v2_metadata(name, None)
 
-        return await guarded(work())
+    @app.get("/v2/models/{name}/versions/{version}", responses=kserve.ERROR_RESPONSES)
+    async def http_v2_version_metadata(self, name: str, version: str) -> Response:
+        return await self._v2_metadata(name, version)
 
-    @app.get("/v2/models/{name}/ready", responses=ERROR_RESPONSES)
+    @app.get("/v2/models/{name}/ready", responses=kserve.ERROR_RESPONSES)
     async def http_v2_model_ready(self, name: str) -> Response:
+        return await self._v2_ready(name, None)
+
+    @app.get("/v2/models/{name}/versions/{version}/ready", responses=kserve.ERROR_RESPONSES)
+    async def http_v2_version_ready(self, name: str, version: str) -> Response:
+        return await self._v2_ready(name, version)
+
+    @app.post("/v2/models/{name}/infer", responses=kserve.ERROR_RESPONSES,
+              openapi_extra=json_body(kserve.InferRequest))
+    async def http_v2_infer(self, name: str, request: Request) -> Response:
+        return await self._on_clock(request, lambda: guarded(kserve.infer(self, name, request), "kserve"))
+
+    @app.post("/v2/models/{name}/versions/{version}/infer", responses=kserve.ERROR_RESPONSES,
+              openapi_extra=json_body(kserve.InferRequest))
+    async def http_v2_version_infer(self, name: str, version: str, request: Request) -> Response:
+        return await self._on_clock(request,
+                                    lambda: guarded(kserve.infer(self, name, request, version), "kserve"))
+
+    async def _v2_metadata(self, name: str, version: str | None) -> Response:
+        async def work() -> dict[str, Any]:
+            return kserve.model_metadata(self, name, version)
+
+        return await guarded(work(), "kserve")
+
+    async def _v2_ready(self, name: str, version: str | None) -> Response:
         async def work() -> JSONResponse:
-            ready = await kserve.model_ready(self, name)
+            ready = await kserve.model_ready(self, name, version)
             return JSONResponse({"name": name, "ready": ready}, status_code=200 if ready else 503)
 
-        return await guarded(work())
-
-    @app.post("/v2/models/{name}/infer", responses=ERROR_RESPONSES, openapi_extra=json_body(kserve.InferRequest))
-    async def http_v2_infer(self, name: str, request: Request) -> Response:
-        return await self._on_clock(request, lambda: guarded(kserve.infer(self, name, request)))
+        return await guarded(work(), "kserve")
