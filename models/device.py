@@ -21,9 +21,12 @@ GPU_RESOURCE = GPU_DEVICE_RESOURCE
 CPU_RESOURCE = "CPU"
 
 
-def select_device(device_resource: str) -> torch.device:
-    """CUDA exactly when the cluster's device resource is a GPU and torch sees one; the CPU otherwise."""
-    if device_resource == GPU_RESOURCE and torch.cuda.is_available():
+def select_device(device_resource: str, cuda_available: bool | None = None) -> torch.device:
+    """CUDA exactly when the cluster's device resource is a GPU and torch sees one (`cuda_available`, default
+    `torch.cuda.is_available()`); the CPU otherwise."""
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available()
+    if device_resource == GPU_RESOURCE and cuda_available:
         return torch.device("cuda")
     return torch.device("cpu")
 

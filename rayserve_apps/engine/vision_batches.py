@@ -39,9 +39,15 @@ UTILITY_ATTR = "utility"
 
 def predictions(logits: Sequence[torch.Tensor] | torch.Tensor,
                 extra: Sequence[dict[str, Any]] | None = None) -> list[dict]:
-    """One {'label', 'probabilities', ...extra} per row of logits."""
+    """One {'label', 'probabilities', ...extra} per row of logits (rows on any device: they come to the CPU here)."""
+    if isinstance(logits, torch.Tensor):
+        rows: Sequence[torch.Tensor] = logits.detach().float().cpu()
+    elif logits and all(row.shape == logits[0].shape for row in logits):
+        rows = torch.stack(list(logits)).detach().float().cpu()  # one copy from the device, not one per row
+    else:
+        rows = [row.detach().float().cpu() for row in logits]
     answers = []
-    for i, row in enumerate(logits):
+    for i, row in enumerate(rows):
         probabilities = torch.softmax(row.float(), dim=-1)
         answer = {"label": int(probabilities.argmax()), "probabilities": probabilities.tolist()}
         if extra is not None:

@@ -48,9 +48,10 @@ from ray.util import get_current_placement_group
 
 from models.device import device_reservation
 from models.task_registry import artifacts_config
-from models.text_encoder import TextTokenizer, load_text_tokenizer
+from models.text_encoder import TextTokenizer, load_text_pooling, load_text_tokenizer
 from models.vit import check_image_batch
 from ops.packing import PackedBatch
+from ops.pooling import DEFAULT_POOLING, Pooling
 from parallel.group_runtime import GroupFailedError, ModelParallelGroup
 from parallel.plan import ParallelPlan, PlanOrigin, stored_or_even
 from parallel.stage_layers import ModelSource
@@ -101,6 +102,8 @@ class HostedModel:
     spec: ModelSpec
     runtime: ModelParallelGroup
     tokenizer: TextTokenizer | None
+    #: Text models: the checkpoint's pooling, applied here to the stages' token states.
+    pooling: Pooling = DEFAULT_POOLING
     #: The model's serving engine: its queue, batch former and the stage actors as backend.
     engine: ServingEngine | None = None
     #: Token-adaptation vision models: the OTAS query front of `engine` (its task registry holds the heads).
@@ -176,7 +179,8 @@ class GroupReplica:
         )
         logger.info("group %s: started %s (%s%s)", self.group_name, spec.name, self.config.key(),
                     ", in a dropped model's stage actors" if reuse_actors is not None else "")
-        hosted = HostedModel(spec=spec, runtime=runtime, tokenizer=tokenizer, plan_origin=plan_origin)
+        hosted = HostedModel(spec=spec, runtime=runtime, tokenizer=tokenizer, plan_origin=plan_origin,
+                             pooling=load_text_pooling(spec.source) if spec.kind == "text" else DEFAULT_POOLING)
         if spec.kind == "vision":
             self._attach_vision_engine(hosted, otas_parts)
         return hosted
@@ -296,7 +300,7 @@ class GroupReplica:
             hosted.passes_by_width[int(batch.input_ids.shape[1])] += 1
 
         backend = StagedTextBackend(hosted.runtime, scheduler, tokenizer.pad_token_id, hosted.runtime_lengths_tokens,
-                                    on_packed=on_packed)
+                                    on_packed=on_packed, pooling=hosted.pooling)
         former = TextBatchFormer(spec.name, scheduler, spec.batch_wait_timeout_ms / 1000.0, spec.slo_ms)
         if hosted.engine is not None:  # the old engine answers what it holds; new requests go to the new one
             task = asyncio.get_running_loop().create_task(hosted.engine.drain(DRAIN_TIMEOUT_S))

@@ -32,14 +32,16 @@ class VisionModelDeployment:
 
     def __init__(self, model_spec: dict, device_resource: str = CPU_RESOURCE):
         self.spec = ModelSpec.model_validate(model_spec)
-        #: CUDA when this replica reserved a GPU share and torch sees it (`models.device.select_device`); the
-        #: token-adaptation (OTAS) path stays on the CPU.
+        #: CUDA when this replica reserved a GPU share and torch sees it (`models.device.select_device`), for the
+        #: plain ViT and the token-adaptation (OTAS) backbone, heads and prompts alike; each batch goes there and
+        #: its answers come back to the CPU.
         self.device = select_device(device_resource)
         set_torch_threads_for(self.spec.num_cpus_per_replica)
         self.otas: OtasExecutor | None = None
         otas = token_adaptation_params(self.spec)
         if otas is not None:
             registry, profile = load_otas_parts(self.spec, otas)
+            registry.to(self.device)
             self.otas = OtasExecutor(registry, profile, otas, self.spec.slo_ms, OtasMetrics(self.spec.name),
                                      name=self.spec.name)
             return
