@@ -29,7 +29,7 @@ from placement.core.deployment_spec import parse_spec
 from placement.core.profiles import ProfileSet
 from rayserve_apps.contracts import group_max_ongoing_requests
 from rayserve_apps.control.controller import PlacementController
-from rayserve_apps.control.live_update import application_config, apply_config
+from rayserve_apps.control.live_update import application_config, apply_config, local_dashboard_options
 
 pytestmark = pytest.mark.ray
 
@@ -71,7 +71,7 @@ def app(tmp_path_factory):
     if ray.is_initialized():
         serve.shutdown()
         ray.shutdown()
-    ray.init(address="local", num_cpus=8, resources={TEST_DEVICE_RESOURCE: NUM_DEVICES}, include_dashboard=False,
+    ray.init(address="local", num_cpus=8, resources={TEST_DEVICE_RESOURCE: NUM_DEVICES}, **local_dashboard_options(),
              log_to_driver=False)
     port = free_port()
     http_options = {"host": "127.0.0.1", "port": port}
