@@ -112,7 +112,9 @@ def layout_from_overrides(spec: DeploymentSpec, overrides: list[dict[str, Any]],
                           num_slots: int) -> tuple[SlotLayout, list[int], int, list[list[str]]] | None:
     """The running slots, their versions, the ingress's version and routes, read back from deployed overrides."""
     by_name = {o["name"]: o for o in overrides}
-    if INGRESS_DEPLOYMENT not in by_name or any(group_deployment_name(i) not in by_name for i in range(num_slots)):
+    # An operator's override of a deployment (without the controller's user_config) holds no layout.
+    if any("user_config" not in by_name.get(name, {})
+           for name in [INGRESS_DEPLOYMENT, *(group_deployment_name(i) for i in range(num_slots))]):
         return None
     slots: list[GroupPlacement | None] = []
     versions = []
