@@ -233,6 +233,9 @@ def test_the_operators_overrides_stay_in_force_through_the_moves(app):
     deployed = {d["name"]: d for d in details["applications"]["plexserve"]["deployed_app_config"]["deployments"]}
     assert deployed["group-0"]["health_check_period_s"] == 7.0 and "user_config" in deployed["group-0"]
     assert deployed["PlacementController"] == OPERATOR_OVERRIDES[1]
+    # In apply mode the controller recommends nothing.
+    recommended = requests.get(f"{app['url']}/v1/placement/recommended", timeout=TIMEOUT_S)
+    assert recommended.status_code == 200 and recommended.json() == {"mode": "apply", "config": None}
 
 
 def test_pausing_or_resuming_forgets_the_shifts_found_and_the_looks_due():

@@ -246,3 +246,22 @@ def entry_routes(deployments: dict[str, dict]) -> list[list[str]]:
             num_devices=config["num_devices"], config=ParallelConfig.model_validate(config["config"]),
             models=[m["name"] for m in config["models"]]))
     return SlotLayout(slots=slots).routes()
+
+
+def test_the_dashboard_url_comes_from_the_spec_the_environment_or_the_head_node(monkeypatch):
+    import ray
+
+    from rayserve_apps.control.live_update import DASHBOARD_ENV, dashboard_url
+
+    monkeypatch.setattr(ray, "nodes", lambda: [
+        {"Alive": True, "NodeManagerAddress": "10.0.0.7", "Resources": {"CPU": 4.0}},
+        {"Alive": True, "NodeManagerAddress": "10.0.0.5", "Resources": {"node:__internal_head__": 1.0}}])
+    monkeypatch.delenv(DASHBOARD_ENV, raising=False)
+    assert dashboard_url() == "http://10.0.0.5:8265"
+    monkeypatch.setenv(DASHBOARD_ENV, "10.1.1.1:9999/")
+    assert dashboard_url() == "http://10.1.1.1:9999"
+    assert dashboard_url("https://head-svc:8265") == "https://head-svc:8265"
+    monkeypatch.delenv(DASHBOARD_ENV)
+    monkeypatch.setattr(ray, "nodes", lambda: [])
+    with pytest.raises(ServeApiError, match="controller.dashboard_url"):
+        dashboard_url()
