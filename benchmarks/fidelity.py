@@ -1165,8 +1165,11 @@ def main() -> None:
     import ray
     from ray import serve
 
-    ray.init(address="local", num_cpus=RAY_NUM_CPUS, resources={DEVICE_RESOURCE: NUM_DEVICES}, include_dashboard=False,
-             log_to_driver=False)
+    from rayserve_apps.control.live_update import local_dashboard_options
+
+    # The dashboard serves Serve's REST API, through which the benchmark and the controller apply configs.
+    ray.init(address="local", num_cpus=RAY_NUM_CPUS, resources={DEVICE_RESOURCE: NUM_DEVICES},
+             log_to_driver=False, **local_dashboard_options())
     try:
         figures = asyncio.run(run(args))
     finally:

@@ -48,8 +48,12 @@ def _local_ray_serve(env: dict[str, str]):
     saved = {key: os.environ.get(key) for key in env}
     os.environ.update(env)
     try:
+        from rayserve_apps.control.live_update import DASHBOARD_ENV, local_dashboard_options
+
+        saved.setdefault(DASHBOARD_ENV, os.environ.get(DASHBOARD_ENV))
+        # The dashboard serves Serve's REST API, through which configs are applied (tests and the controller).
         ray.init(address="local", num_cpus=TEST_RAY_NUM_CPUS, resources={TEST_DEVICE_RESOURCE: TEST_NUM_DEVICES},
-                 include_dashboard=False, log_to_driver=False)
+                 log_to_driver=False, **local_dashboard_options())
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         try:

@@ -30,7 +30,12 @@ from placement.core.deployment_spec import parse_spec
 from placement.core.profiles import ProfileSet
 from rayserve_apps.contracts import group_max_ongoing_requests
 from rayserve_apps.control.controller import PlacementController
-from rayserve_apps.control.live_update import application_config, apply_config
+from rayserve_apps.control.live_update import (
+    DASHBOARD_ENV,
+    application_config,
+    apply_config,
+    local_dashboard_options,
+)
 
 pytestmark = pytest.mark.ray
 
@@ -60,6 +65,12 @@ REFUSALS_WAIT_S = 40
 TRAFFIC_GAP_S = 0.05
 
 
+#: An operator's own settings in the deployed config: a field of a group slot the controller does not own, and a
+#: deployment it never writes. Both stay in force through the controller's moves.
+OPERATOR_OVERRIDES = [{"name": "group-0", "health_check_period_s": 7.0},
+                      {"name": "PlacementController", "graceful_shutdown_timeout_s": 9.0}]
+
+
 def group(devices: int, models: list[str], stages: int = 1) -> dict:
     return {"num_devices": devices, "config": {"intra_op_degree": devices // stages, "pipeline_stages": stages},
             "models": models}
@@ -72,7 +83,7 @@ def app(tmp_path_factory):
     if ray.is_initialized():
         serve.shutdown()
         ray.shutdown()
-    ray.init(address="local", num_cpus=8, resources={TEST_DEVICE_RESOURCE: NUM_DEVICES}, include_dashboard=False,
+    ray.init(address="local", num_cpus=8, resources={TEST_DEVICE_RESOURCE: NUM_DEVICES}, **local_dashboard_options(),
              log_to_driver=False)
     port = free_port()
     http_options = {"host": "127.0.0.1", "port": port}
@@ -99,7 +110,7 @@ def app(tmp_path_factory):
         "controller": {"period_s": 3600, "fit_window_s": FIT_WINDOW_S, "min_gain": 0.05, "max_changes_per_step": 1,
                        "shift_detection": False, "calibrate_service": False},
     })
-    apply_config([application_config(spec)], http_options)
+    apply_config([application_config(spec, deployments=OPERATOR_OVERRIDES)], http_options)
     try:
         yield {"url": f"http://127.0.0.1:{port}", "spec": spec,
                "controller": serve.get_deployment_handle("PlacementController", app_name="plexserve")}
@@ -207,6 +218,30 @@ def test_replacement_while_requests_flow_loses_none_and_restarts_only_changed_sl
         assert after[name]["pid"] == middle[name]["pid"]
     assert (sorted(sorted(g["models"]) for g in after.values())
             == [["vit-a"], ["vit-a", "vit-c"], ["vit-b"], ["vit-b", "vit-c"]])
+
+
+def deployment_configs(app) -> dict[str, dict]:
+    """The configs the application's deployments run with, read through Serve's REST API."""
+    details = requests.get(f"{os.environ[DASHBOARD_ENV]}/api/serve/applications/", timeout=TIMEOUT_S).json()
+    return {name: d["deployment_config"] for name, d in details["applications"]["plexserve"]["deployments"].items()}
+
+
+def test_the_operators_overrides_stay_in_force_through_the_moves(app):
+    """The moves of the replacement test ran through the controller; the operator's settings survived them."""
+    state = app["controller"].state.remote().result(timeout_s=TIMEOUT_S)
+    assert state["version"] >= 2  # the controller has applied moves (the replacement test's two)
+    configs = deployment_configs(app)
+    assert configs["group-0"]["health_check_period_s"] == 7.0
+    assert configs["PlacementController"]["graceful_shutdown_timeout_s"] == 9.0
+    assert configs["group-1"]["health_check_period_s"] != 7.0  # only where the operator set it
+    # Serve's deployed config holds the operator's fields beside the controller's.
+    details = requests.get(f"{os.environ[DASHBOARD_ENV]}/api/serve/applications/", timeout=TIMEOUT_S).json()
+    deployed = {d["name"]: d for d in details["applications"]["plexserve"]["deployed_app_config"]["deployments"]}
+    assert deployed["group-0"]["health_check_period_s"] == 7.0 and "user_config" in deployed["group-0"]
+    assert deployed["PlacementController"] == OPERATOR_OVERRIDES[1]
+    # In apply mode the controller recommends nothing.
+    recommended = requests.get(f"{app['url']}/v1/placement/recommended", timeout=TIMEOUT_S)
+    assert recommended.status_code == 200 and recommended.json() == {"mode": "apply", "config": None}
 
 
 def test_pausing_or_resuming_forgets_the_shifts_found_and_the_looks_due():

@@ -20,7 +20,12 @@ from waiting import wait_until
 
 from models import load_text_encoder, load_vit
 from placement.core.deployment_spec import parse_spec
-from rayserve_apps.control.live_update import application_config, apply_config, placement_overrides
+from rayserve_apps.control.live_update import (
+    application_config,
+    apply_config,
+    local_dashboard_options,
+    placement_overrides,
+)
 
 pytestmark = pytest.mark.ray
 
@@ -48,7 +53,7 @@ def cluster(tmp_path_factory):
         serve.shutdown()
         ray.shutdown()
     metrics_port = free_port()
-    ray.init(address="local", num_cpus=8, resources={TEST_DEVICE_RESOURCE: 3}, include_dashboard=False,
+    ray.init(address="local", num_cpus=8, resources={TEST_DEVICE_RESOURCE: 3}, **local_dashboard_options(),
              log_to_driver=False, _metrics_export_port=metrics_port)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})

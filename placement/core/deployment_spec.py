@@ -243,6 +243,25 @@ class ControllerSpec(_Strict):
     stats_report_period_s: float = Field(default=1.0, gt=0,
                                          description="Seconds between the ingress's traffic reports to the controller.")
     num_cpus: float = Field(default=0.05, gt=0, description="Logical CPUs reserved by the controller replica.")
+    mode: Literal["apply", "recommend"] = Field(
+        default="apply",
+        description="'apply': the controller applies its moves through Serve's REST API on the Ray dashboard. "
+                    "'recommend': it only computes them and publishes the merged Serve config (at "
+                    "`GET /v1/placement/recommended` and in recommendation_path) for an operator or a KubeRay "
+                    "RayService's serveConfigV2 to apply; it never changes the running application, and reads the "
+                    "running layout back from Serve before each decision.")
+    dashboard_url: str | None = Field(
+        default=None,
+        description="Base URL of the Ray dashboard whose Serve REST API (/api/serve/applications/) the controller "
+                    "reads and applies configs through, e.g. http://raycluster-head-svc:8265; default: the "
+                    "environment's RAY_DASHBOARD_ADDRESS, else the head node's address on port 8265.")
+    recommendation_path: str | None = Field(
+        default=None,
+        description="File (on the controller replica's node) the recommend mode writes each recommended Serve "
+                    "config to, as YAML; none: the recommendation is served at GET /v1/placement/recommended only.")
+    api_timeout_s: float = Field(default=30.0, gt=0,
+                                 description="Seconds one call to Serve's REST API may take before it counts as "
+                                             "not answering.")
 
 
 class DeploymentSpec(_Strict):

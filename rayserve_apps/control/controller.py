@@ -40,15 +40,29 @@ in the policy params, Arlo's target tracking (§4) adds or releases a replica fi
 
 The controller keeps no state Serve does not have: on start (first deployment, or a restart after it died) it
 reads the running layout back from the application's deployed overrides, and its history from the GCS.
+
+Serve's public interface: every update reads the deployed config through Serve's REST API on the Ray dashboard
+(`controller.dashboard_url`), sets only the controller's own fields and puts the whole config back
+(`live_update.py`), so an operator's own settings stay in force. An update Serve refuses, or a dashboard that does not
+answer, fails that decision with an error naming the URL and Serve's reason; the running layout keeps serving, and
+the controller keeps the layout it last applied.
+
+Coexisting with a deployer that re-applies its own config (a KubeRay RayService reconciling `serveConfigV2`):
+with `controller.mode: recommend` the controller applies nothing. Each decision reads the running layout back from
+Serve and a move becomes a recommendation: the deployed config with the move's final layout merged in, served at
+`GET /v1/placement/recommended` and written to `controller.recommendation_path`, for the operator to apply.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import tempfile
 import time
 from typing import Any
 
+import yaml
 from ray import serve
 
 from placement.alpaserve.deployment_planning import replan_policy
@@ -73,7 +87,12 @@ from rayserve_apps.contracts import (
     profiles_base_dir,
 )
 from rayserve_apps.control.decision_log import DecisionLog
-from rayserve_apps.control.live_update import apply_overrides, deployed_overrides, layout_overrides
+from rayserve_apps.control.live_update import (
+    apply_overrides,
+    deployed_overrides,
+    layout_overrides,
+    merged_config,
+)
 from rayserve_apps.control.runtime_allocations import RuntimeAllocations, ScalingUpdate
 
 logger = logging.getLogger("ray.serve")
@@ -93,7 +112,9 @@ def layout_from_overrides(spec: DeploymentSpec, overrides: list[dict[str, Any]],
                           num_slots: int) -> tuple[SlotLayout, list[int], int, list[list[str]]] | None:
     """The running slots, their versions, the ingress's version and routes, read back from deployed overrides."""
     by_name = {o["name"]: o for o in overrides}
-    if INGRESS_DEPLOYMENT not in by_name or any(group_deployment_name(i) not in by_name for i in range(num_slots)):
+    # An operator's override of a deployment (without the controller's user_config) holds no layout.
+    if any("user_config" not in by_name.get(name, {})
+           for name in [INGRESS_DEPLOYMENT, *(group_deployment_name(i) for i in range(num_slots))]):
         return None
     slots: list[GroupPlacement | None] = []
     versions = []
@@ -123,6 +144,10 @@ class PlacementController:
                              "model with policies.polymorphing")
         self.settings = self.spec.controller
         self.app_name = app_name
+        #: True: moves are only recommended (`controller.mode: recommend`), never applied.
+        self.recommend_only = self.settings.mode == "recommend"
+        #: The last recommendation (recommend mode): the Serve config, its placement version, why and when.
+        self.recommended: dict[str, Any] | None = None
         #: Group placement is re-planned only for an application with a placement.
         self.groups_enabled = self.spec.placement is not None
         self.policy = replan_policy(self.spec, profiles_base_dir(self.spec)) if self.groups_enabled else None
@@ -168,7 +193,7 @@ class PlacementController:
     def _read_state(self) -> bool:
         """Adopt what Serve runs (after a restart, or after an earlier controller's re-placements)."""
         try:
-            overrides = deployed_overrides(self.app_name)
+            overrides = deployed_overrides(self.app_name, self.settings.dashboard_url)
         except RuntimeError as error:
             logger.warning("placement controller: cannot read the deployed config (%s); assuming the builder's layout",
                            error)
@@ -190,7 +215,12 @@ class PlacementController:
                 "loading_slowdown": (self.policy.transition.loading_slowdown
                                      if self.policy is not None and self.policy.transition is not None else None),
                 "last_rollout": _describe_rollout(self.last_rollout),
-                "calibration_since_s": self._calibration_since_s()}
+                "calibration_since_s": self._calibration_since_s(), "mode": self.settings.mode}
+
+    def recommendation(self) -> dict[str, Any]:
+        """The last recommended Serve config (recommend mode) with its version, reason and time; `config` is None
+        until a decision recommends a move (and always in apply mode)."""
+        return {"mode": self.settings.mode, **(self.recommended or {"config": None})}
 
     def pause(self, paused: bool = True) -> bool:
         """Stop (or resume) the periodic decisions; returns the new setting. Either way the shifts found and the
@@ -215,7 +245,8 @@ class PlacementController:
     # ---- decisions ----
 
     async def _loop(self) -> None:
-        if self.routes != self.layout.routes():  # a predecessor died between two steps of a rollout: finish it
+        if self.routes != self.layout.routes() and not self.recommend_only:
+            # a predecessor died between two steps of a rollout: finish it
             await self._logged("recovery", self._finish_interrupted_step)
         while True:
             shifts = await self._wait_for_period_or_shift()
@@ -340,6 +371,8 @@ class PlacementController:
         """One group decision on the window just past; after a rate shift (`shifts`), the candidates are judged on
         the traffic since the shift (`fit_window_s`: the shift test's window); a `look` after a kept shift decision
         on the last `fit_window_s` (`placement.alpaserve.shift_looks`)."""
+        if self.recommend_only:
+            await asyncio.to_thread(self._read_state)  # what runs is what the operator applied
         now = time.time()
         self.shift_trigger.decided(time.monotonic())
         if shifts is None and not look:
@@ -438,14 +471,30 @@ class PlacementController:
         rollout = plan_rollout(self.layout, target, self.spec.cluster.num_devices, self.settings.max_changes_per_step)
         if not rollout.steps:
             return {"outcome": "kept", "diff": []}
+        diff = [[c.to_json() for c in step.changes] for step in rollout.steps]
+        if self.recommend_only:
+            final = rollout.steps[-1].layout
+            changed = sorted({c.slot for step in rollout.steps for c in step.changes})
+            version = self.version + 1
+            slot_versions = [version if i in changed else v for i, v in enumerate(self.slot_versions)]
+            overrides = self._overrides(final, final.routes(), version=version, slot_versions=slot_versions)
+            await asyncio.to_thread(self._recommend, overrides, version, "placement")
+            return {"outcome": "recommended", "diff": diff, "placement": _describe(final.placement())}
         try:
             await asyncio.to_thread(self._run_rollout, rollout)
+        except Exception:
+            # The step that failed left its slots as they ran; route to what the controller last applied.
+            if self.routes != self.layout.routes():
+                try:
+                    await asyncio.to_thread(self._deploy, self.layout, self.layout.routes(), [])
+                except Exception as error:  # noqa: BLE001 - the next rollout re-routes; the first error is raised
+                    logger.error("placement controller: could not route back to the running layout: %s", error)
+            raise
         finally:
             self.layout_changed_s = time.time()
         for change in rollout.changes:
             metrics.placement_changes_total().inc(tags={"kind": change.kind})
-        return {"outcome": "applied", "diff": [[c.to_json() for c in step.changes] for step in rollout.steps],
-                "placement": _describe(self.layout.placement())}
+        return {"outcome": "applied", "diff": diff, "placement": _describe(self.layout.placement())}
 
     async def _apply_runtime(self, model: str, update: AllocationDecision | ScalingUpdate) -> dict[str, Any]:
         """Apply a runtime allocation or a scaling action of one polymorphing model as its deployment's override."""
@@ -457,20 +506,52 @@ class PlacementController:
             if not update.changed:
                 return {**entry, "outcome": "kept"}
             kind, replicas_changed = "runtime", update.replicas_changed
+        if self.recommend_only:
+            await asyncio.to_thread(self._read_state)
+            overrides = self._overrides(self.layout, self.routes, pending={model: update})
+            await asyncio.to_thread(self._recommend, overrides, self.version, f"{entry['duty']} of {model}")
+            return {**entry, "outcome": "recommended"}
         overrides = self._overrides(self.layout, self.routes, pending={model: update})
-        await asyncio.to_thread(apply_overrides, self.app_name, overrides)
+        await asyncio.to_thread(self._put, overrides)
         self.runtimes.commit({model: update})
         if replicas_changed:
             metrics.placement_changes_total().inc(replicas_changed, tags={"kind": kind})
         return {**entry, "outcome": "applied"}
 
     def _overrides(self, layout: SlotLayout, routes: list[list[str]],
-                   pending: dict[str, AllocationDecision | ScalingUpdate] | None = None) -> list[dict[str, Any]]:
+                   pending: dict[str, AllocationDecision | ScalingUpdate] | None = None, version: int | None = None,
+                   slot_versions: list[int] | None = None) -> list[dict[str, Any]]:
         """Every override the application runs with: group slots and ingress (with a placement), runtime allocations
-        (the `pending` decisions instead of the running allocations of their models)."""
-        groups = (layout_overrides(self.spec, layout, routes, self.slot_versions, self.version) if self.groups_enabled
-                  else [])
+        (the `pending` decisions instead of the running allocations of their models); at the running versions
+        unless `version` / `slot_versions` say otherwise."""
+        version = self.version if version is None else version
+        slot_versions = self.slot_versions if slot_versions is None else slot_versions
+        groups = (layout_overrides(self.spec, layout, routes, slot_versions, version) if self.groups_enabled else [])
         return groups + self.runtimes.overrides(pending)
+
+    def _put(self, overrides: list[dict[str, Any]]) -> None:
+        """Apply the controller's fields through Serve's REST API (the deployed config, merged); raise naming the
+        URL and Serve's reason when the dashboard does not answer or Serve refuses."""
+        try:
+            apply_overrides(self.app_name, overrides, url=self.settings.dashboard_url,
+                            timeout_s=self.settings.api_timeout_s)
+        except Exception as error:
+            logger.error("placement controller: update not applied, the running layout keeps serving: %s", error)
+            raise
+
+    def _recommend(self, overrides: list[dict[str, Any]], version: int, reason: str) -> None:
+        """Recommend mode: keep (and write to `recommendation_path`) the deployed config with `overrides` merged in."""
+        config = merged_config(self.app_name, overrides, self.settings.dashboard_url, self.settings.api_timeout_s)
+        self.recommended = {"config": config, "version": version, "reason": reason, "time_s": time.time()}
+        path = self.settings.recommendation_path
+        if path:
+            folder = os.path.dirname(os.path.abspath(path))
+            os.makedirs(folder, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".yaml", delete=False) as out:
+                yaml.safe_dump(config, out, sort_keys=False)
+            os.replace(out.name, path)  # a reader never sees half a file
+        logger.info("placement controller: recommended placement version %d (%s)%s", version, reason,
+                    f", written to {path}" if path else "")
 
     # ---- rollout (runs in a thread: Serve's config API and handles' .result() block) ----
 
@@ -504,10 +585,13 @@ class PlacementController:
                 "reason": "finished a rollout step interrupted by a controller restart"}
 
     def _deploy(self, layout: SlotLayout, routes: list[list[str]], changed: list[int]) -> None:
+        """One Serve update: `layout` routed as `routes`, the `changed` slots at a new version. The slots' versions
+        are taken only once Serve accepted it (a refused update leaves them as they run); the placement version
+        only grows, so that no two configs carry the same one."""
         self.version += 1
-        for slot in changed:
-            self.slot_versions[slot] = self.version
-        apply_overrides(self.app_name, self._overrides(layout, routes))
+        slot_versions = [self.version if i in changed else v for i, v in enumerate(self.slot_versions)]
+        self._put(self._overrides(layout, routes, slot_versions=slot_versions))
+        self.slot_versions = slot_versions
         self._wait_for_version(changed)
         self.layout, self.routes = layout, routes
 

@@ -11,6 +11,7 @@ HTTP (FastAPI inside Ray Serve):
 - `GET  /v1/models/{id}`             one served model as OpenAI's model object
 - `GET  /v1/placement`               the live placement (groups, their models, replicas) or the per-model layout
 - `GET  /v1/placement/history`       the placement controller's recent decisions (`?limit=N`)
+- `GET  /v1/placement/recommended`   the controller's last recommended Serve config (`controller.mode: recommend`)
 - `GET  /healthz`                     200 when every model can answer, else 503
 - `POST /v1/embeddings`              OpenAI's embeddings API (`rayserve_apps/edge/openai_api.py`)
 - `GET  /v2`, `/v2/health/live`, `/v2/health/ready`, `/v2/models/{name}[/versions/{version}]`,
@@ -198,6 +199,13 @@ class Ingress:
                                "this application runs no placement controller (spec field 'controller')")
         return {"decisions": await self.controller.history.remote(limit)}
 
+    async def placement_recommendation(self) -> dict[str, Any]:
+        """The placement controller's last recommended Serve config (`config` None while it has none)."""
+        if self.controller is None:
+            raise RequestError(404, "no_controller",
+                               "this application runs no placement controller (spec field 'controller')")
+        return await self.controller.recommendation.remote()
+
     async def _call(self, spec: ModelSpec, method: str, payload: Any, options: dict[str, Any] | None = None,
                     slo_ms: float | None = None, received: Received | None = None) -> Any:
         """Send to the backend with the SLO (the request's, else the model's) as deadline; count outcomes and
@@ -296,6 +304,13 @@ class Ingress:
             if limit < 1:
                 raise RequestError(422, "invalid_field", f"limit must be >= 1, got {limit}", field="limit")
             return JSONResponse(await self.placement_history(limit))
+        except RequestError as error:
+            return JSONResponse(error.to_json(), status_code=error.status_code)
+
+    @app.get("/v1/placement/recommended")
+    async def http_placement_recommended(self) -> JSONResponse:
+        try:
+            return JSONResponse(await self.placement_recommendation())
         except RequestError as error:
             return JSONResponse(error.to_json(), status_code=error.status_code)
 
