@@ -7,7 +7,7 @@ this module measures them on the device at hand, one thread as in a stage actor:
   the bytes of every layer's weights and of the activation it hands to the next layer, and the shapes of its
   blocks (for the intra-op pass);
 * `profile_comm`: the time to hand an activation from one pipeline stage to the next (one more hop over the
-  stages' activation links, `profile_link_sends`) and of gloo all-reduce / all-gather among `degree` actors, for
+  stage transport, `profile_link_sends`) and of gloo all-reduce / all-gather among `degree` actors, for
   several sizes, fitted with the alpha-beta model (`parallel.comm_model`); and the runtime's
   per-hop overhead (`profile_hop_overhead`): an activation-sized payload relayed through chains of 1 and 2 actors
   with the group runtime's own call pattern, timed sequentially (wall per hop) and pipelined while the CPU time of
@@ -34,10 +34,10 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from models.layers import ActivationState, parameter_bytes, run_layers
-from parallel.activation_links import PipelineLinks, StageLinkEndpoint
 from parallel.comm_model import AlphaBeta, CommModel, HopOverhead, fit_alpha_beta
 from parallel.intra_op import BlockShape
 from parallel.stage_layers import ModelSource, example_input, load_model, standalone_layers
+from parallel.stage_transport import PipelineTransport, StageTransportEndpoint
 from parallel.tensor_parallel import BlockParts, bert_block_parts, vit_block_parts
 
 logger = logging.getLogger(__name__)
@@ -356,8 +356,8 @@ def measure_co_run_slowdown(source: ModelSource, batch_size: int, seq_len_tokens
     return slowdown
 
 
-class CommProbe(StageLinkEndpoint):
-    """A Ray actor body that relays activations over activation links and runs collectives for `profile_comm`."""
+class CommProbe(StageTransportEndpoint):
+    """A Ray actor body that relays activations over the stage transport and runs collectives for `profile_comm`."""
 
     def __init__(self, rank: int = 0, degree: int = 1):
         torch.set_num_threads(1)
@@ -434,7 +434,7 @@ def processes_cpu_s(pids: set[int]) -> float:
     return sum(seconds for seconds in map(process_cpu_s, pids) if seconds is not None)
 
 
-def _relay_latency_s(links: PipelineLinks, state: ActivationState, warmup: int, requests: int) -> float:
+def _relay_latency_s(links: PipelineTransport, state: ActivationState, warmup: int, requests: int) -> float:
     """Median wall seconds of one request relayed through `links`, requests one after another."""
     return _timed(lambda: links.submit(state).result(), warmup, requests)
 
@@ -445,13 +445,13 @@ def _relay_state(payload_bytes: int) -> ActivationState:
 
 def profile_link_sends(actors: Sequence, sizes_bytes: Sequence[int] = DEFAULT_COMM_SIZES_BYTES,
                        warmup: int = DEFAULT_WARMUP, requests: int = HOP_SEQUENTIAL_REQUESTS) -> AlphaBeta:
-    """Alpha-beta fit of handing an activation to the next pipeline stage as the runtime does, over an activation link
-    (`parallel.activation_links`): for each size, the slope of the sequential relay latency between chains of 1 and
-    2 `CommProbe` actors is one more hop (a frame out of one actor, into the next, and its relay loop)."""
+    """Alpha-beta fit of handing an activation to the next pipeline stage as the runtime does, over the stage transport
+    (`parallel.stage_transport`): for each size, the slope of the sequential relay latency between chains of 1 and 2
+    `CommProbe` actors is one more hop (a frame out of one actor, into the next, and its relay loop)."""
     short, long = HOP_CHAIN_LENGTHS
     if len(actors) < long:
         raise ValueError(f"profile_link_sends needs {long} actors, got {len(actors)}")
-    chains = {length: PipelineLinks([[actor] for actor in actors[:length]]) for length in HOP_CHAIN_LENGTHS}
+    chains = {length: PipelineTransport([[actor] for actor in actors[:length]]) for length in HOP_CHAIN_LENGTHS}
     sizes, hops = [], []
     try:
         for num_bytes in sizes_bytes:
@@ -471,7 +471,7 @@ def profile_hop_overhead(actors: Sequence, payload_bytes: int = DEFAULT_HOP_PAYL
                          warmup: int = DEFAULT_WARMUP) -> HopOverhead:
     """Per-hop overhead of the runtime (AlpaServe §3.3's communication overhead of inter-op parallelism, as a
     pipeline stage of this runtime really costs it): relay an ActivationState of `payload_bytes` through chains of 1
-    and 2 `CommProbe` actors over the group runtime's activation links (`parallel.activation_links.PipelineLinks`).
+    and 2 `CommProbe` actors over the group runtime's stage transport (`parallel.stage_transport.PipelineTransport`).
     Wall per hop and per request: slope and intercept of sequential request latency over the chain length. CPU per
     hop and per request: slope and intercept of the CPU time all processes of the Ray cluster (driver tree, the
     actors and their raylet) spend per request while `requests` are in flight, less what they spend anyway: their
@@ -488,7 +488,7 @@ def profile_hop_overhead(actors: Sequence, payload_bytes: int = DEFAULT_HOP_PAYL
     background = background_cpu_cores(pids) if pids is not None else 0.0
     latency_s, cpu_s = {}, {}
     for length in HOP_CHAIN_LENGTHS:
-        links = PipelineLinks([[actor] for actor in actors[:length]])
+        links = PipelineTransport([[actor] for actor in actors[:length]])
         try:
             latency_s[length] = _relay_latency_s(links, state, warmup, HOP_SEQUENTIAL_REQUESTS)
             if pids is None:
@@ -531,7 +531,7 @@ def profile_comm(degrees: Sequence[int] = (2,), sizes_bytes: Sequence[int] = DEF
                  repeats: int = DEFAULT_COMM_REPEATS, warmup: int = DEFAULT_WARMUP,
                  num_cpus_per_actor: float = COMM_PROBE_NUM_CPUS,
                  hop_payload_bytes: int = DEFAULT_HOP_PAYLOAD_BYTES) -> CommModel:
-    """Fit alpha-beta models of a send between pipeline stages over their activation links (`profile_link_sends`) and
+    """Fit alpha-beta models of a send between pipeline stages over the stage transport (`profile_link_sends`) and
     of gloo collectives over each degree, and measure the per-hop overhead (`profile_hop_overhead`) with an
     activation of `hop_payload_bytes` (Ray must be up)."""
     import ray
