@@ -223,45 +223,60 @@ def _linear_bytes(parts: BlockParts) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
-def _timed(fn: Callable[[], object], warmup: int, repeats: int) -> float:
+def synchronize(device: torch.device | str | None) -> None:
+    """Wait until `device` ran every kernel queued on it: CUDA runs kernels asynchronously, so a clock read right
+    after a launch would time the launch, not the work. Nothing to wait for on the CPU (or the meta device)."""
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn: Callable[[], object], warmup: int, repeats: int, device: torch.device | str | None = None) -> float:
+    """Median wall seconds of `fn`, the device synchronized before the clock starts and before it stops."""
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(repeats):
+        synchronize(device)
         start = time.perf_counter()
         fn()
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
 def interleaved_layer_times(layers: Sequence, inputs: Sequence[ActivationState], warmup: int,
-                             repeats: int) -> list[float]:
+                             repeats: int, device: torch.device | str | None = None) -> list[float]:
     """Median seconds of each layer on its input, timed in `repeats` passes over the whole model (layer after
     layer, as a forward pass runs) rather than all repeats of one layer before the next: a slow spell of a shared
-    machine then lands on every layer alike instead of on a few, and the DP's stage cuts do not follow the noise."""
+    machine then lands on every layer alike instead of on a few, and the DP's stage cuts do not follow the noise.
+    On CUDA the device is synchronized around every timed layer (`synchronize`)."""
     for _ in range(warmup):
         for layer, state in zip(layers, inputs):
             layer(state)
     times: list[list[float]] = [[] for _ in layers]
     for _ in range(repeats):
         for index, (layer, state) in enumerate(zip(layers, inputs)):
+            synchronize(device)
             start = time.perf_counter()
             layer(state)
+            synchronize(device)
             times[index].append(time.perf_counter() - start)
     return [statistics.median(samples) for samples in times]
 
 
 def profile_layers(source: ModelSource, batch_sizes: Sequence[int], seq_lens_tokens: Sequence[int] = (),
                    warmup: int = DEFAULT_WARMUP, repeats: int = DEFAULT_REPEATS, num_threads: int = 1,
-                   model=None) -> ModelLayerProfile:
-    """Time every layer of `source`'s layer view for each batch size x sequence length (text) or batch size (vision)."""
+                   model=None, device: torch.device | str = "cpu") -> ModelLayerProfile:
+    """Time every layer of `source`'s layer view for each batch size x sequence length (text) or batch size (vision),
+    on `device` (its layers and inputs moved there; CUDA synchronized around every timed layer)."""
     if not batch_sizes or min(batch_sizes) < 1:
         raise ValueError(f"batch_sizes must be a non-empty list of sizes >= 1, got {list(batch_sizes)}")
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(num_threads)
     try:
+        device = torch.device(device)
         model = model if model is not None else load_model(source)
-        layers = standalone_layers(model)
+        layers = [layer.to(device) for layer in standalone_layers(model)]
         vision = source.kind == "vision"
         if not vision and (not seq_lens_tokens or min(seq_lens_tokens) < 2):
             raise ValueError("seq_lens_tokens must be a non-empty list of lengths >= 2 for a text model, got "
@@ -279,14 +294,14 @@ def profile_layers(source: ModelSource, batch_sizes: Sequence[int], seq_lens_tok
         shapes = [(b, None) for b in batch_sizes] if vision else [(b, s) for b in batch_sizes for s in seq_lens_tokens]
         for number, (batch, seq) in enumerate(shapes, start=1):
             with torch.inference_mode():
-                inputs = [example_input(model, batch, seq)]
+                inputs = [example_input(model, batch, seq).to(device)]
                 for layer in layers:
                     inputs.append(layer(inputs[-1]))
                 hidden_tokens = inputs[1].hidden.shape[1] if inputs[1].hidden.dim() == 3 else seq
                 tokens_per_sequence = hidden_tokens if vision else None
                 key = shape_key(batch, seq if not vision else hidden_tokens)
                 input_bytes[key] = state_bytes(inputs[0])
-                seconds = interleaved_layer_times(layers, inputs, warmup, repeats)
+                seconds = interleaved_layer_times(layers, inputs, warmup, repeats, device)
             for index, measurement in enumerate(measurements):
                 measurement.latency_s[key] = seconds[index]
                 measurement.samples[key] = repeats
