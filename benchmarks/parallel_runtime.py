@@ -31,6 +31,10 @@ against its planned weight share: `stage_memory_vs_planned` per model, configura
 `max_stage_memory_error` = the largest |resident / (planned share + runtime overhead) - 1| (goal <= 0.15), and
 `max_stage_weights_rss_error` = the largest |RSS its tensors added / planned share - 1|.
 
+`hop_1mb_s`: what one more pipeline hop adds to a request carrying a 1 MB activation over the stage transport
+(`parallel.stage_transport`) and, side by side, over pickled frames on TCP sockets (a relay kept in this benchmark
+for the comparison), and their ratio.
+
 Final JSON line: `pipeline2_throughput_ratio` (2 stages vs 1 in steady state: median over rounds, the smaller of the
 two models; `pipeline2_burst_throughput_ratio_per_model` with the fill),
 `max_prediction_error` (relative, over latency and throughput of every configuration), `max_abs_diff`,
@@ -42,10 +46,15 @@ benchmarks/out/.
 from __future__ import annotations
 
 import argparse
+import io
 import os
+import pickle
+import socket
 import statistics
+import struct
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -65,6 +74,7 @@ from parallel.configurations import ModelPlanner  # noqa: E402
 from parallel.group_runtime import ModelParallelGroup  # noqa: E402
 from parallel.plan import ParallelPlan, StagePlan  # noqa: E402
 from parallel.profiler import (  # noqa: E402
+    CommProbe,
     LayerProfileSet,
     ModelLayerProfile,
     device_description,
@@ -75,6 +85,7 @@ from parallel.profiler import (  # noqa: E402
 )
 from parallel.sharded_profile import profile_sharded_blocks  # noqa: E402
 from parallel.stage_layers import ModelSource, example_input, load_model  # noqa: E402
+from parallel.stage_transport import PipelineTransport  # noqa: E402
 from parallel.tensor_parallel import BlockShardingPlan  # noqa: E402
 from parallel.tiny_models import make_tiny_vit, make_unequal_vit  # noqa: E402
 from placement.core.profiles import ParallelConfig, shared_host_cores  # noqa: E402
@@ -114,6 +125,11 @@ FULL_ROUNDS = 11
 #: ~0.2 s, too short for a stable ratio on a shared VM).
 PLANNED_VS_EVEN_REQUESTS = 40
 PLANNED_VS_EVEN_EXTRA_ROUNDS = 2
+#: The hop comparison: a 1 MB activation relayed through chains of 1 and 2 actors, sequential requests (median) per
+#: chain and round, rounds alternating the two transports.
+HOP_COMPARISON_BYTES = 1 << 20
+HOP_COMPARISON_REQUESTS = 30
+HOP_COMPARISON_ROUNDS = 3
 CONFIGS = {
     "1-stage": ParallelConfig(intra_op_degree=1, pipeline_stages=1),
     "2-stage": ParallelConfig(intra_op_degree=1, pipeline_stages=2),
@@ -337,6 +353,154 @@ def planned_vs_even(directory: str, comm, args) -> dict:
     return result
 
 
+# ---- the hop comparison: the stage transport against pickled frames over sockets ----
+# The socket-and-pickle relay below stands in, in this benchmark only, for the activation links the stage transport
+# replaced: each stage reads a length-prefixed pickle (tensors as their raw bytes) from a TCP socket on 127.0.0.1,
+# unpickles it and writes it on, pickled again, to the next stage's socket.
+
+_FRAME_HEADER = struct.Struct("!Q")
+
+
+def _tensor_from_bytes(data: bytes, dtype_name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    dtype = getattr(torch, dtype_name)
+    return torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape) if data else torch.empty(shape, dtype=dtype)
+
+
+class _FramePickler(pickle.Pickler):
+    def reducer_override(self, obj):
+        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu" and type(obj) is torch.Tensor:
+            raw = obj.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+            return _tensor_from_bytes, (raw, str(obj.dtype).removeprefix("torch."), tuple(obj.shape))
+        return NotImplemented
+
+
+def _send_frame(sock: socket.socket, obj) -> None:
+    buffer = io.BytesIO()
+    buffer.write(bytes(_FRAME_HEADER.size))
+    _FramePickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    frame = buffer.getbuffer()
+    _FRAME_HEADER.pack_into(frame, 0, len(frame) - _FRAME_HEADER.size)
+    sock.sendall(frame)
+    frame.release()
+
+
+def _recv_exactly(sock: socket.socket, num_bytes: int) -> bytearray:
+    buffer, received = bytearray(num_bytes), 0
+    view = memoryview(buffer)
+    while received < num_bytes:
+        count = sock.recv_into(view[received:])
+        if count == 0:
+            raise EOFError("the peer closed the socket")
+        received += count
+    return buffer
+
+
+def _recv_frame(sock: socket.socket):
+    (length,) = _FRAME_HEADER.unpack(_recv_exactly(sock, _FRAME_HEADER.size))
+    return pickle.loads(_recv_exactly(sock, length))
+
+
+def _listener() -> socket.socket:
+    return socket.create_server(("127.0.0.1", 0))
+
+
+def _no_delay(sock: socket.socket) -> socket.socket:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+class PickleSocketRelay:
+    """A Ray actor body relaying pickled frames from its listener to the next stage's."""
+
+    def __init__(self):
+        torch.set_num_threads(1)
+
+    def open(self) -> tuple[str, int]:
+        self._listener = _listener()
+        return self._listener.getsockname()[:2]
+
+    def start(self, downstream: tuple[str, int]) -> None:
+        threading.Thread(target=self._relay, args=(self._listener, tuple(downstream)), daemon=True).start()
+
+    @staticmethod
+    def _relay(listener: socket.socket, downstream: tuple[str, int]) -> None:
+        out = _no_delay(socket.create_connection(downstream))
+        upstream = _no_delay(listener.accept()[0])
+        try:
+            while True:
+                _send_frame(out, _recv_frame(upstream))
+        except (OSError, EOFError):
+            pass
+        finally:
+            for sock in (out, upstream, listener):
+                sock.close()
+
+
+class PickleSocketChain:
+    """The owner's end of a chain of `PickleSocketRelay` actors; `roundtrip` sends one state and waits for it."""
+
+    def __init__(self, actors):
+        listener = _listener()
+        addresses = ray.get([actor.open.remote() for actor in actors])
+        following = [*addresses[1:], listener.getsockname()[:2]]
+        ray.get([actor.start.remote(address) for actor, address in zip(actors, following)])
+        self._input = _no_delay(socket.create_connection(tuple(addresses[0])))
+        self._output = _no_delay(listener.accept()[0])
+        listener.close()
+
+    def roundtrip(self, state):
+        _send_frame(self._input, (0, state))
+        return _recv_frame(self._output)
+
+    def close(self) -> None:
+        self._input.close()
+        self._output.close()
+
+
+def _sequential_s(call, requests: int) -> float:
+    call()  # warm-up
+    times = []
+    for _ in range(requests):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def hop_comparison(payload_bytes: int = HOP_COMPARISON_BYTES) -> dict:
+    """Seconds one more hop adds to a request carrying `payload_bytes` of activation, over the stage transport and
+    over pickled frames on sockets: the slope of sequential latency between chains of 1 and 2 relaying actors (zero
+    compute), the two transports measured in alternating rounds (medians over rounds)."""
+    from models.layers import ActivationState
+
+    state = ActivationState(hidden=torch.ones(payload_bytes // 4))
+    probes = [ray.remote(CommProbe).options(num_cpus=0.5).remote() for _ in range(2)]
+    relays = [ray.remote(PickleSocketRelay).options(num_cpus=0.5).remote() for _ in range(2)]
+    chains = {"stage_transport": {n: PipelineTransport([[actor] for actor in probes[:n]]) for n in (1, 2)},
+              "pickle_socket": {n: PickleSocketChain(relays[:n]) for n in (1, 2)}}
+    calls = {"stage_transport": lambda chain: (lambda: chain.submit(state).result()),
+             "pickle_socket": lambda chain: (lambda: chain.roundtrip(state))}
+    hops: dict[str, list[float]] = {name: [] for name in chains}
+    try:
+        for number in range(HOP_COMPARISON_ROUNDS):
+            for name in (list(chains) if number % 2 == 0 else list(reversed(chains))):
+                latency = {n: _sequential_s(calls[name](chain), HOP_COMPARISON_REQUESTS)
+                           for n, chain in chains[name].items()}
+                hops[name].append(max(0.0, latency[2] - latency[1]))
+    finally:
+        for per_length in chains.values():
+            for chain in per_length.values():
+                chain.close()
+        for actor in probes + relays:
+            ray.kill(actor)
+    result = {f"{name}_s": statistics.median(values) for name, values in hops.items()}
+    result["payload_bytes"] = payload_bytes
+    result["stage_transport_over_pickle_socket"] = result["stage_transport_s"] / result["pickle_socket_s"]
+    log.info("one more hop with %d bytes: stage transport %.3f ms, pickled socket frames %.3f ms", payload_bytes,
+             1e3 * result["stage_transport_s"], 1e3 * result["pickle_socket_s"])
+    return result
+
+
 def _matmul_loop(seconds: float, queue) -> None:
     torch.set_num_threads(1)
     a = torch.randn(CEILING_MATRIX_SIZE, CEILING_MATRIX_SIZE)
@@ -404,6 +568,9 @@ def main() -> None:
     try:
         log.info("profiling sends and 2-way collectives between actors")
         comm = profile_comm((2,), repeats=QUICK_COMM_REPEATS if args.quick else FULL_COMM_REPEATS)
+        log.info("comparing the per-hop cost of a %d-byte activation: stage transport vs pickled socket frames",
+                 HOP_COMPARISON_BYTES)
+        hop_1mb = hop_comparison()
         with tempfile.TemporaryDirectory() as tmp:
             vit = make_tiny_vit(tmp, arch=VIT_ARCH, image_size_px=VIT_IMAGE_PX, num_classes=VIT_CLASSES,
                                 name=f"{VIT_ARCH}-{VIT_IMAGE_PX}px-random-weights", timm_kwargs={})
@@ -435,6 +602,7 @@ def main() -> None:
         "max_prediction_error_slowest_stage_only": max(errors_uncapped),
         "max_abs_diff": max(c["max_abs_diff"] for c in configs + [unequal]),
         "planned_vs_even_throughput": unequal["planned_vs_even_throughput"],
+        "hop_1mb_s": hop_1mb,
         "planned_vs_even": unequal,
         "max_stage_memory_error": max((abs(s["resident_over_planned_plus_overhead"] - 1) for s in stages),
                                       default=None),

@@ -56,6 +56,8 @@ logger = logging.getLogger(__name__)
 TRANSFER_TIMEOUT_S = 300.0
 #: How long the rendezvous (store connections, every member joining) may take.
 RENDEZVOUS_TIMEOUT_S = 60.0
+#: How long the owner waits for its actors to answer at all before the rendezvous (a new actor starts its process).
+ACTOR_START_TIMEOUT_S = 300.0
 #: An idle stage's wait for its next request's header: no limit in practice (a dead peer ends it at once).
 IDLE_WAIT = datetime.timedelta(days=365)
 #: Header layout: magic, kind, request id, tensor count, text bytes, then per tensor: field, dtype, ndim, dims.
@@ -65,8 +67,14 @@ MAX_NDIM = 6
 TENSOR_SLOTS = 3 + MAX_NDIM
 HEADER_FIXED_SLOTS = 5
 HEADER_SLOTS = HEADER_FIXED_SLOTS + MAX_TENSORS * TENSOR_SLOTS
-#: Message kinds.
-KIND_STATE, KIND_FAILURE, KIND_BROKEN, KIND_STOP = 1, 2, 3, 4
+#: Message kinds (RESIZE: the next messages need a larger receive buffer; its request id slot holds the bytes).
+KIND_STATE, KIND_FAILURE, KIND_BROKEN, KIND_STOP, KIND_RESIZE = 1, 2, 3, 4, 5
+KINDS = (KIND_STATE, KIND_FAILURE, KIND_BROKEN, KIND_STOP, KIND_RESIZE)
+HEADER_BYTES = HEADER_SLOTS * 8
+#: Where tensors start in a packed message: offsets aligned for any dtype's view.
+ALIGN_BYTES = 64
+#: The receive buffer a member posts for a peer's messages until the peer announces a larger one.
+INITIAL_CAPACITY_BYTES = 1 << 16
 #: Fields of an `ActivationState`; an extra's name travels in the message text.
 FIELD_HIDDEN, FIELD_ATTENTION_MASK, FIELD_ATTENTION_BIAS, FIELD_EXTRA = 0, 1, 2, 3
 #: The dtypes a message carries, by code (the header's dtype slot).
@@ -107,7 +115,7 @@ def _state_tensors(state: ActivationState) -> list[tuple[int, str, torch.Tensor]
 def encode_header(message: Message) -> tuple[torch.Tensor, bytes, list[torch.Tensor]]:
     """(header, text bytes, tensors in order) of a message. ValueError when a state has more tensors than
     `MAX_TENSORS`, a tensor more dimensions than `MAX_NDIM`, or a dtype outside `DTYPES`."""
-    header = torch.zeros(HEADER_SLOTS, dtype=torch.int64)
+    slots = [0] * HEADER_SLOTS
     tensors: list[torch.Tensor] = []
     text = message.text
     if message.kind == KIND_STATE:
@@ -126,13 +134,11 @@ def encode_header(message: Message) -> tuple[torch.Tensor, bytes, list[torch.Ten
                 raise ValueError(f"activation tensor {label!r} has dtype {tensor.dtype}; the transport carries "
                                  f"{[str(d) for d in DTYPES]}")
             base = HEADER_FIXED_SLOTS + index * TENSOR_SLOTS
-            header[base:base + 3] = torch.tensor([code, DTYPE_CODES[tensor.dtype], tensor.dim()])
-            if tensor.dim():
-                header[base + 3:base + 3 + tensor.dim()] = torch.tensor(tensor.shape)
+            slots[base:base + 3 + tensor.dim()] = [code, DTYPE_CODES[tensor.dtype], tensor.dim(), *tensor.shape]
             tensors.append(tensor)
     raw = text.encode()
-    header[:HEADER_FIXED_SLOTS] = torch.tensor([MAGIC, message.kind, message.request_id, len(tensors), len(raw)])
-    return header, raw, tensors
+    slots[:HEADER_FIXED_SLOTS] = [MAGIC, message.kind, message.request_id, len(tensors), len(raw)]
+    return torch.tensor(slots, dtype=torch.int64), raw, tensors
 
 
 @dataclass(frozen=True)
@@ -153,8 +159,7 @@ def decode_header(header: torch.Tensor) -> tuple[int, int, list[TensorSpec], int
     """(kind, request id, tensor specs, text bytes) of a received header; ValueError when it is not one."""
     values = header.tolist()
     magic, kind, request_id, count, text_len = values[:HEADER_FIXED_SLOTS]
-    if magic != MAGIC or kind not in (KIND_STATE, KIND_FAILURE, KIND_BROKEN, KIND_STOP) or not 0 <= count <= \
-            MAX_TENSORS:
+    if magic != MAGIC or kind not in KINDS or not 0 <= count <= MAX_TENSORS:
         raise ValueError(f"not a stage transport header (magic {magic:#x}, kind {kind}, {count} tensors)")
     specs = []
     for index in range(count):
@@ -168,6 +173,36 @@ def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     """A tensor's data as a flat uint8 tensor on its device (a view when it is contiguous)."""
     flat = tensor.detach().contiguous().reshape(-1)
     return flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8, device=tensor.device)
+
+
+def _aligned(offset: int) -> int:
+    return -(-offset // ALIGN_BYTES) * ALIGN_BYTES
+
+
+def payload_offsets(text_len: int, sizes: Sequence[int]) -> list[int]:
+    """Byte offsets of a packed message's tensors: after the header and the text, each aligned."""
+    offsets, offset = [], HEADER_BYTES + text_len
+    for size in sizes:
+        offset = _aligned(offset)
+        offsets.append(offset)
+        offset += size
+    return offsets
+
+
+def pack(header: torch.Tensor, text: bytes, payloads: Sequence[torch.Tensor],
+         out: torch.Tensor | None = None) -> torch.Tensor:
+    """One message as one host buffer: the header, the text, then each payload (flat uint8) at its offset; written
+    into the front of `out` when it is large enough (a buffer reused message after message: fresh memory costs a
+    page fault per page on every message)."""
+    offsets = payload_offsets(len(text), [p.numel() for p in payloads])
+    total = offsets[-1] + payloads[-1].numel() if payloads else HEADER_BYTES + len(text)
+    buffer = out[:total] if out is not None and out.numel() >= total else torch.empty(total, dtype=torch.uint8)
+    buffer[:HEADER_BYTES] = header.view(torch.uint8)
+    if text:
+        buffer[HEADER_BYTES:HEADER_BYTES + len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+    for offset, payload in zip(offsets, payloads):
+        buffer[offset:offset + payload.numel()] = payload
+    return buffer
 
 
 def build_state(specs: Sequence[TensorSpec], tensors: Sequence[torch.Tensor], text: str) -> ActivationState:
@@ -249,6 +284,17 @@ class Member:
     control: Any = None
     nccl: Any = None
     devices: list[str] = field(default_factory=list)
+    #: Per peer: the receive buffer it posts for this member's messages, the one this member posts for its
+    #: messages, and the receive posted for its next message.
+    _send_capacity: dict[int, int] = field(default_factory=dict)
+    _receive_capacity: dict[int, int] = field(default_factory=dict)
+    _posted: dict[int, tuple[Any, torch.Tensor]] = field(default_factory=dict)
+    #: Whether a received message's buffer is reused for the message after next: a stage's loop has sent a
+    #: message's output on before it takes the next one, the owner hands its answers out and must not.
+    recycle_buffers: bool = False
+    _receive_buffers: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+    _send_buffer: torch.Tensor = field(default_factory=lambda: torch.empty(INITIAL_CAPACITY_BYTES,
+                                                                           dtype=torch.uint8))
 
     @classmethod
     def join(cls, spec: TransportSpec, rank: int, device: torch.device, label: str, store: Any = None) -> "Member":
@@ -280,41 +326,81 @@ class Member:
         return self.nccl if nccl_edge(self.devices[self.rank], self.devices[peer]) else self.control
 
     def send(self, message: Message, peers: Sequence[int]) -> None:
-        """Send one message to each of `peers` in turn (each send completes when that peer takes it)."""
+        """Send one message to each of `peers` in turn. On a gloo edge the message is one buffer (header, text,
+        tensors); on an NCCL edge the header and text go on gloo and each tensor on NCCL, device to device."""
         if not peers:
             return
         header, text, tensors = encode_header(message)
         timeout = _timedelta(self.spec.timeout_s)
         for peer in peers:
-            moved = [as_bytes(t.to(self.edge_device(peer))) for t in tensors]
-            works = [self.control.send([header], peer, TAG)]
-            if text:
-                works.append(self.control.send([torch.frombuffer(bytearray(text), dtype=torch.uint8)], peer, TAG))
-            data = self._data_group(peer)
-            works += [data.send([payload], peer, TAG) for payload in moved if payload.numel()]
+            in_band = not nccl_edge(self.devices[self.rank], self.devices[peer])
+            payloads = [as_bytes(t.to(self.edge_device(peer))) for t in tensors]
+            packed = pack(header, text, payloads if in_band else [], self._send_buffer)
+            if packed.untyped_storage().data_ptr() != self._send_buffer.untyped_storage().data_ptr():
+                self._send_buffer = torch.empty(2 * packed.numel(), dtype=torch.uint8)  # for the next ones
+            works = self._send_packed(peer, packed)
+            if not in_band:
+                works += [self.nccl.send([payload], peer, TAG) for payload in payloads if payload.numel()]
             for work in works:
                 work.wait(timeout)
 
+    def _send_packed(self, peer: int, packed: torch.Tensor) -> list:
+        """Post the send of one packed message, announcing a larger receive buffer first when it needs one."""
+        works = []
+        capacity = self._send_capacity.get(peer, INITIAL_CAPACITY_BYTES)
+        if packed.numel() > capacity:
+            capacity = max(packed.numel(), 2 * capacity)
+            resize, _, _ = encode_header(Message(KIND_RESIZE, capacity))
+            works.append(self.control.send([pack(resize, b"", [])], peer, TAG))
+            self._send_capacity[peer] = capacity
+        works.append(self.control.send([packed], peer, TAG))
+        return works
+
+    def _post_receive(self, peer: int) -> None:
+        """Post the receive of `peer`'s next message: into a fresh buffer, or, where `recycle_buffers`, into the one
+        of the message before last (two per peer, alternating)."""
+        capacity = self._receive_capacity.get(peer, INITIAL_CAPACITY_BYTES)
+        if not self.recycle_buffers:
+            buffer = torch.empty(capacity, dtype=torch.uint8)
+        else:
+            ring = self._receive_buffers.setdefault(peer, [])
+            if len(ring) < 2 or ring[0].numel() != capacity:
+                ring.append(torch.empty(capacity, dtype=torch.uint8))
+                del ring[:-2]
+            else:
+                ring.reverse()
+            buffer = ring[-1]
+        self._posted[peer] = (self.control.recv([buffer], peer, TAG), buffer)
+
     def receive(self, peer: int) -> Message:
-        """The next message from `peer`: waits without limit for its header, then at most the transfer timeout for
-        the rest."""
-        header = torch.empty(HEADER_SLOTS, dtype=torch.int64)
-        self.control.recv([header], peer, TAG).wait(IDLE_WAIT)
-        kind, request_id, specs, text_len = decode_header(header)
-        timeout = _timedelta(self.spec.timeout_s)
-        text = ""
-        if text_len:
-            raw = torch.empty(text_len, dtype=torch.uint8)
-            self.control.recv([raw], peer, TAG).wait(timeout)
-            text = raw.numpy().tobytes().decode()
+        """The next message from `peer`: waits without limit for it (the receive is posted as soon as the previous
+        message arrived, so a sender never waits for this side to ask), then at most the transfer timeout for
+        tensors on NCCL."""
+        while True:
+            if peer not in self._posted:
+                self._post_receive(peer)
+            work, buffer = self._posted.pop(peer)
+            work.wait(IDLE_WAIT)
+            kind, request_id, specs, text_len = decode_header(buffer[:HEADER_BYTES].view(torch.int64))
+            if kind == KIND_RESIZE:
+                self._receive_capacity[peer] = request_id
+                continue
+            break
+        if kind not in (KIND_STOP, KIND_BROKEN):
+            self._post_receive(peer)
+        text = buffer[HEADER_BYTES:HEADER_BYTES + text_len].numpy().tobytes().decode() if text_len else ""
         if kind != KIND_STATE:
             return Message(kind, request_id, text=text)
-        device, data = self.edge_device(peer), self._data_group(peer)
-        buffers = [torch.empty(spec.num_bytes, dtype=torch.uint8, device=device) for spec in specs]
-        works = [data.recv([buffer], peer, TAG) for buffer in buffers if buffer.numel()]
+        if not nccl_edge(self.devices[self.rank], self.devices[peer]):
+            offsets = payload_offsets(text_len, [spec.num_bytes for spec in specs])
+            tensors = [buffer[offset:offset + spec.num_bytes].view(spec.dtype).reshape(spec.shape)
+                       for offset, spec in zip(offsets, specs)]
+            return Message(kind, request_id, build_state(specs, tensors, text), text)
+        buffers = [torch.empty(spec.num_bytes, dtype=torch.uint8, device=self.device) for spec in specs]
+        works = [self.nccl.recv([b], peer, TAG) for b in buffers if b.numel()]
         for work in works:
-            work.wait(timeout)
-        tensors = [buffer.view(spec.dtype).reshape(spec.shape) for buffer, spec in zip(buffers, specs)]
+            work.wait(_timedelta(self.spec.timeout_s))
+        tensors = [b.view(spec.dtype).reshape(spec.shape) for b, spec in zip(buffers, specs)]
         return Message(kind, request_id, build_state(specs, tensors, text), text)
 
     def close(self) -> None:
@@ -337,6 +423,7 @@ def serve_stage(member: Member, forward: Callable[[ActivationState], Any]) -> No
     on a request travels on as a FAILURE message; a broken upstream ends the loop after passing BROKEN on."""
     spec, rank, label = member.spec, member.rank, member.label
     upstream, downstream = spec.upstream(rank), spec.downstream(rank)
+    member.recycle_buffers = True  # each request's output is sent on before the next request is taken
     try:
         while True:
             try:
@@ -452,6 +539,7 @@ class PipelineTransport:
         self._breaking = False
         self._closing = False
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        ray.get([actor.transport_label.remote() for row in rows for actor in row], timeout=ACTOR_START_TIMEOUT_S)
         ranks = itertools.count()
         key = secrets.token_hex(8)
         host, port = ray.get(rows[0][0].open_rendezvous.remote(key), timeout=rendezvous_timeout_s)

@@ -14,6 +14,7 @@ import torch
 
 from models.layers import ActivationState
 from parallel.stage_transport import (
+    HEADER_BYTES,
     KIND_BROKEN,
     KIND_FAILURE,
     KIND_STATE,
@@ -28,10 +29,13 @@ from parallel.stage_transport import (
     device_key,
     encode_header,
     nccl_edge,
+    pack,
+    payload_offsets,
     serve_stage,
 )
 
-TIMEOUT_S = 30.0
+#: Generous: a spawned stage process imports torch on a machine that may be busy.
+TIMEOUT_S = 120.0
 LOOPBACK = "127.0.0.1"
 
 
@@ -86,13 +90,16 @@ STATES = {
 
 
 @pytest.mark.parametrize("name", list(STATES))
-def test_a_header_describes_every_tensor_of_a_state(name):
+def test_a_packed_message_describes_and_carries_every_tensor_of_a_state(name):
     state = STATES[name]
     header, text, tensors = encode_header(Message(KIND_STATE, 41, state))
-    kind, request_id, specs, text_len = decode_header(header)
+    packed = pack(header, text, [as_bytes(t) for t in tensors])
+    kind, request_id, specs, text_len = decode_header(packed[:HEADER_BYTES].view(torch.int64))
     assert (kind, request_id, text_len) == (KIND_STATE, 41, len(text))
-    rebuilt = build_state(specs, [as_bytes(t).view(s.dtype).reshape(s.shape) for t, s in zip(tensors, specs)],
-                          text.decode())
+    offsets = payload_offsets(text_len, [spec.num_bytes for spec in specs])
+    rebuilt = build_state(specs, [packed[o:o + s.num_bytes].view(s.dtype).reshape(s.shape)
+                                  for o, s in zip(offsets, specs)], packed[HEADER_BYTES:HEADER_BYTES + text_len]
+                          .numpy().tobytes().decode())
     assert _state_equal(rebuilt, state)
 
 
@@ -126,22 +133,24 @@ def test_two_stages_pipeline_requests_of_any_shape_pass_failures_on_and_stop():
         stage.start()
     owner = members[spec.owner_rank]
     inputs = [STATES["text"], STATES["other-length"], ActivationState(hidden=torch.ones(3, dtype=torch.long)),
-              STATES["extras"]]
+              STATES["extras"], ActivationState(hidden=torch.randn(512, 1024)), STATES["text"]]  # 2 MB: a larger buffer
     sender = threading.Thread(target=lambda: [owner.send(Message(KIND_STATE, i, s), [0]) for i, s in enumerate(inputs)]
                               + [owner.send(Message(KIND_FAILURE, 9, text="upstream failed"), [0]),
                                  owner.send(Message(KIND_STOP), [0])])
     sender.start()
     answers = [owner.receive(1) for _ in range(len(inputs) + 2)]
     sender.join(TIMEOUT_S)
-    assert [a.request_id for a in answers[:5]] == [0, 1, 2, 3, 9]
+    assert [a.request_id for a in answers[:7]] == [0, 1, 2, 3, 4, 5, 9]
     for answer, state in zip(answers[:2], inputs[:2]):
         assert answer.kind == KIND_STATE and torch.equal(answer.state.hidden, state.hidden * 4)
         assert torch.equal(answer.state.attention_mask, state.attention_mask)
     assert answers[2].kind == KIND_FAILURE and answers[2].text.startswith("rank 0 failed")
     assert "stage wants float32" in answers[2].text
     assert _state_equal(answers[3].state, _double(_double(STATES["extras"])))  # the stage survived the failure
-    assert (answers[4].kind, answers[4].text) == (KIND_FAILURE, "upstream failed")  # passed on, not computed
-    assert answers[5].kind == KIND_STOP
+    assert torch.equal(answers[4].state.hidden, inputs[4].hidden * 4)
+    assert torch.equal(answers[5].state.hidden, inputs[5].hidden * 4)  # small again after the large one
+    assert (answers[6].kind, answers[6].text) == (KIND_FAILURE, "upstream failed")  # passed on, not computed
+    assert answers[7].kind == KIND_STOP
     for stage in stages:
         stage.join(TIMEOUT_S)
         assert not stage.is_alive()
