@@ -68,7 +68,7 @@ import ray  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks._common import emit_json, make_parser, out_dir, setup_logging  # noqa: E402
-from models.device import CPU_RESOURCE  # noqa: E402
+from models.device import CPU_RESOURCE, GPU_RESOURCE  # noqa: E402
 from models.layers import run_layers  # noqa: E402
 from parallel.configurations import ModelPlanner  # noqa: E402
 from parallel.group_runtime import ModelParallelGroup  # noqa: E402
@@ -179,7 +179,8 @@ def measure_side_by_side(source: ModelSource, plans: dict[str, ParallelPlan], pr
     15-30% slower, so requests interleaved across plans would each pay that once per stage (the first lone request
     of a turn does; the median of them does not). Returns the rounds, the stage memory of the pipeline-only groups
     and the weight bytes of every actor, by plan label."""
-    groups = {label: ModelParallelGroup(source, plan) for label, plan in plans.items()}
+    groups = {label: ModelParallelGroup(source, plan, num_gpus_per_actor=args.gpus_per_actor)
+              for label, plan in plans.items()}
     rounds: dict[str, list[dict]] = {label: [] for label in plans}
     try:
         for group in groups.values():
@@ -207,8 +208,13 @@ def measure_profile(source: ModelSource, seq: int | None, args, model=None) -> M
     """Every measurement the cost model reads for one model: its layers whole, its co-run slowdown, its blocks
     Megatron-sharded over 2 actors."""
     log.info("%s: profiling layers", source.name)
-    profile = profile_layers(source, [BATCH_SIZE], [seq] if seq else [], repeats=args.repeats, model=model)
-    profile.co_run_slowdown = measure_co_run_slowdown(source, BATCH_SIZE, seq)
+    on_cpu = args.device == "cpu"  # on a GPU the profile loads its own copy (the layers move there)
+    profile = profile_layers(source, [BATCH_SIZE], [seq] if seq else [], repeats=args.repeats,
+                             model=model if on_cpu else None, device=args.device)
+    if on_cpu:  # the co-run slowdown prices CPU shares of one host
+        profile.co_run_slowdown = measure_co_run_slowdown(source, BATCH_SIZE, seq)
+    if "2-way-intra-op" not in args.configs:
+        return profile
     return profile_sharded_blocks(profile, (CONFIGS["2-way-intra-op"].intra_op_degree,), repeats=args.repeats)
 
 
@@ -225,7 +231,7 @@ def bench_model(source: ModelSource, comm, args, figures: dict) -> None:
         expected = [run_layers(model.layers(), s).hidden for s in states]
     del model
     plans, ilp_choice = {}, {}
-    for label, config in CONFIGS.items():
+    for label, config in args.configs.items():
         planned = planner.plan(config, BATCH_SIZE)
         if config.intra_op_degree > 1:
             sharded = any(v != "replicated" for st in planned.plan.stages for b in st.block_shardings.values()
@@ -243,7 +249,8 @@ def bench_model(source: ModelSource, comm, args, figures: dict) -> None:
     profile = profile.merge(measure_profile(source, seq, args))
     predictor = ModelPlanner(profile, comm, seq)
     # The groups' devices are CPU shares of this host: throughput is capped by its cores / CPU per request.
-    host_cores = shared_host_cores(CPU_RESOURCE, comm.hop.host_cores if comm.hop is not None else None)
+    host_cores = shared_host_cores(GPU_RESOURCE if args.device == "cuda" else CPU_RESOURCE,
+                                   comm.hop.host_cores if comm.hop is not None else None)
     predictions = {label: predictor.price(plan).to_profile() for label, plan in plans.items()}
     results = {}
     for label, measured in rounds.items():
@@ -322,7 +329,8 @@ def planned_vs_even(directory: str, comm, args) -> dict:
     source = make_unequal_vit(directory, image_size_px=VIT_IMAGE_PX, arch=UNEQUAL_ARCH, num_classes=UNEQUAL_CLASSES)
     model = load_model(source)
     log.info("%s: profiling layers", source.name)
-    profile = profile_layers(source, [BATCH_SIZE], repeats=args.repeats, model=model)
+    profile = profile_layers(source, [BATCH_SIZE], repeats=args.repeats,
+                             model=model if args.device == "cpu" else None, device=args.device)
     planned = ModelPlanner(profile, comm, None).plan(CONFIGS["2-stage"], BATCH_SIZE)
     plans = {"planned": planned.plan, "even": ParallelPlan.even(len(profile.layers), pipeline_stages=2)}
     states = [example_input(model, BATCH_SIZE, seed=i) for i in range(4)]
@@ -330,7 +338,7 @@ def planned_vs_even(directory: str, comm, args) -> dict:
         expected = [run_layers(model.layers(), s).hidden for s in states]
     del model
     longer = argparse.Namespace(rounds=args.rounds + PLANNED_VS_EVEN_EXTRA_ROUNDS,
-                                throughput_requests=PLANNED_VS_EVEN_REQUESTS)
+                                throughput_requests=PLANNED_VS_EVEN_REQUESTS, gpus_per_actor=args.gpus_per_actor)
     rounds, memory, _ = measure_side_by_side(source, plans, profile, states, expected, longer, latency_requests=1)
     per_round = [p["throughput_rps"] / e["throughput_rps"] for p, e in zip(rounds["planned"], rounds["even"])]
     layer_s = [m.latency_s[shape_key(BATCH_SIZE, profile.tokens_per_sequence)] for m in profile.layers]
@@ -358,28 +366,28 @@ def planned_vs_even(directory: str, comm, args) -> dict:
 # replaced: each stage reads a length-prefixed pickle (tensors as their raw bytes) from a TCP socket on 127.0.0.1,
 # unpickles it and writes it on, pickled again, to the next stage's socket.
 
-_FRAME_HEADER = struct.Struct("!Q")
-
-
-def _tensor_from_bytes(data: bytes, dtype_name: str, shape: tuple[int, ...]) -> torch.Tensor:
-    dtype = getattr(torch, dtype_name)
-    return torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape) if data else torch.empty(shape, dtype=dtype)
+#: Frame header: the payload's length, 8 bytes big-endian (a format string: the relay class is pickled by value
+#: when this file runs as a script, and a `struct.Struct` does not pickle).
+_FRAME_FORMAT = "!Q"
+_FRAME_HEADER_BYTES = 8
 
 
 class _FramePickler(pickle.Pickler):
+    """Pickles a CPU tensor as its numpy array (its raw bytes, dtype and shape), rebuilt by `torch.tensor` (a copy
+    the receiver owns); both importable wherever the frame is read."""
+
     def reducer_override(self, obj):
         if isinstance(obj, torch.Tensor) and obj.device.type == "cpu" and type(obj) is torch.Tensor:
-            raw = obj.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-            return _tensor_from_bytes, (raw, str(obj.dtype).removeprefix("torch."), tuple(obj.shape))
+            return torch.tensor, (obj.detach().contiguous().numpy(),)
         return NotImplemented
 
 
 def _send_frame(sock: socket.socket, obj) -> None:
     buffer = io.BytesIO()
-    buffer.write(bytes(_FRAME_HEADER.size))
+    buffer.write(bytes(_FRAME_HEADER_BYTES))
     _FramePickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
     frame = buffer.getbuffer()
-    _FRAME_HEADER.pack_into(frame, 0, len(frame) - _FRAME_HEADER.size)
+    struct.pack_into(_FRAME_FORMAT, frame, 0, len(frame) - _FRAME_HEADER_BYTES)
     sock.sendall(frame)
     frame.release()
 
@@ -396,7 +404,7 @@ def _recv_exactly(sock: socket.socket, num_bytes: int) -> bytearray:
 
 
 def _recv_frame(sock: socket.socket):
-    (length,) = _FRAME_HEADER.unpack(_recv_exactly(sock, _FRAME_HEADER.size))
+    (length,) = struct.unpack(_FRAME_FORMAT, _recv_exactly(sock, _FRAME_HEADER_BYTES))
     return pickle.loads(_recv_exactly(sock, length))
 
 
@@ -529,7 +537,7 @@ def two_process_cpu_scaling(seconds: float = CEILING_SECONDS) -> float:
     return totals[1] / totals[0]
 
 
-def plot(figures: dict) -> Path:
+def plot(figures: dict, labels: list[str]) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -537,7 +545,6 @@ def plot(figures: dict) -> Path:
 
     fig, axes = plt.subplots(1, len(figures), figsize=(5 * len(figures), 4), squeeze=False)
     for ax, (name, results) in zip(axes[0], figures.items()):
-        labels = list(CONFIGS)
         x = range(len(labels))
         ax.bar([i - 0.2 for i in x], [results[k]["throughput_rps"] for k in labels], width=0.4, label="measured")
         ax.bar([i + 0.2 for i in x], [results[k]["predicted_throughput_rps"] for k in labels], width=0.4,
@@ -555,7 +562,20 @@ def plot(figures: dict) -> Path:
 def main() -> None:
     parser = make_parser(__doc__)
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per layer in the profile")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the stage actors compute: cpu (1 thread each) or cuda (this machine's GPUs "
+                             "shared among the groups' actors; the 2-way intra-op configuration needs 2 GPUs)")
     args = parser.parse_args()
+    args.configs, args.gpus_per_actor, num_gpus = dict(CONFIGS), 0.0, None
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            parser.error("--device cuda: torch sees no GPU on this machine")
+        num_gpus = torch.cuda.device_count()
+        if num_gpus < CONFIGS["2-way-intra-op"].intra_op_degree:  # NCCL refuses two shards on one GPU
+            del args.configs["2-way-intra-op"]
+        # Every group of a round is alive at once: 1 + 2 (+ 2) actors share the GPUs.
+        args.gpus_per_actor = min(1.0, num_gpus / sum(c.intra_op_degree * c.pipeline_stages
+                                                      for c in args.configs.values()))
     args.repeats = args.repeats or (QUICK_LAYER_REPEATS if args.quick else FULL_LAYER_REPEATS)
     args.latency_requests = 5 if args.quick else 20
     args.throughput_requests = QUICK_BURST_REQUESTS if args.quick else FULL_BURST_REQUESTS
@@ -563,7 +583,8 @@ def main() -> None:
     torch.set_num_threads(1)
     scaling_before = two_process_cpu_scaling()
     log.info("2 processes vs 1 on this machine now: %.2fx aggregate matmul throughput", scaling_before)
-    ray.init(address="local", num_cpus=RAY_NUM_CPUS, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=RAY_NUM_CPUS, include_dashboard=False, log_to_driver=False,
+             **({"num_gpus": num_gpus} if num_gpus else {}))
     figures: dict = {}
     try:
         log.info("profiling sends and 2-way collectives between actors")
@@ -582,14 +603,14 @@ def main() -> None:
         ray.shutdown()
     scaling_after = two_process_cpu_scaling()
     log.info("2 processes vs 1 after the runs: %.2fx", scaling_after)
-    png = plot(figures)
-    configs = [r[label] for r in figures.values() for label in CONFIGS]
+    png = plot(figures, list(args.configs))
+    configs = [r[label] for r in figures.values() for label in args.configs]
     errors = [c[k] for c in configs for k in ("latency_error", "throughput_error")]
     errors_uncapped = [c[k] for c in configs for k in ("latency_error_stages_only",
                                                         "throughput_error_slowest_stage_only")]
     ratios = {name: r["pipeline2_throughput_ratio_median_of_rounds"] for name, r in figures.items()}
     burst_ratios = {name: r["pipeline2_burst_throughput_ratio_median_of_rounds"] for name, r in figures.items()}
-    memory = {name: {label: r[label]["stage_memory_vs_planned"] for label in CONFIGS if "stage_memory_vs_planned"
+    memory = {name: {label: r[label]["stage_memory_vs_planned"] for label in args.configs if "stage_memory_vs_planned"
                      in r[label]} for name, r in figures.items()}
     memory["unequal-vit"] = unequal["stage_memory_vs_planned"]
     stages = [stage for per_model in memory.values() for per_config in per_model.values() for stage in per_config]
@@ -609,7 +630,7 @@ def main() -> None:
         "max_stage_weights_rss_error": max((abs(s["weights_rss_over_planned"] - 1) for s in stages), default=None),
         "stage_memory_vs_planned": memory,
         "two_process_cpu_scaling_before_after": [scaling_before, scaling_after],
-        "device": device_description(),
+        "device": device_description() if args.device == "cpu" else f"cuda: {torch.cuda.get_device_name(0)}",
         "comm": LayerProfileSet(device=device_description(), comm=comm).comm.model_dump(),
         "models": figures,
         "png": str(png),
