@@ -10,12 +10,16 @@ owner). Ray still creates, places, sets up and kills the actors and carries thei
 Process groups (`torch.distributed.ProcessGroupGloo` / `ProcessGroupNCCL` built on a `TCPStore`, never the default
 group, which a tensor-parallel stage's shards use for their collectives):
 
-* control, gloo, every actor and the owner: each message's header (an int64 tensor: kind, request id, and every
-  tensor's field, dtype and shape, so shapes vary from request to request) and its text (the names of `extras`, or
-  a failure's message). An idle stage waits here for its next request without a time limit;
-* data, the tensors themselves: NCCL between two actors on two different CUDA devices (device to device, no host
-  copy), gloo (through host memory) on every other edge: the owner's, CPU stages', and two CUDA actors on one GPU
-  (NCCL refuses two ranks on one device). One code path: the edge's backend follows its ends' devices.
+* gloo, every actor and the owner: each message's header (int64: kind, request id, and every tensor's field, dtype
+  and shape, so shapes vary from request to request) and its text (the names of `extras`, or a failure's message).
+  On a gloo edge the tensors travel in the same message: header, text and tensors packed into one host buffer,
+  received into a buffer the receiver posted as soon as the previous message arrived (a gloo send completes only
+  once its receive is posted, so a receive posted late would cost each hop a round trip); a message larger than
+  that buffer is announced by a RESIZE message first. An idle stage waits for its next message without a time limit;
+* NCCL, the actors only: the tensors between two actors on two different CUDA devices, device to device, after
+  their header on gloo. Every other edge is a gloo edge: the owner's, CPU stages', and two CUDA actors on one GPU
+  (NCCL refuses two ranks on one device), whose tensors go through host memory. One code path: an edge's backend
+  follows its ends' devices (`nccl_edge`).
 
 Ranks: actor k (stage-major: stage s shard r is k = s * degree + r) is rank k, the owner the last rank. Shard 0 of
 a stage sends its output on; the other shards compute the same output for their collectives and send nothing.
@@ -27,8 +31,10 @@ entries, the ranks and the world size to every actor (`join_transport`), joining
 Failures: a stage's exception on one request travels on as a FAILURE message and fails only that request. A dead
 peer closes its connections: the gloo operation of every peer waiting on it fails at once; a stage whose upstream
 broke sends a BROKEN message on, and the owner fails every request in flight with a `TransportError` whose text
-names the dead actor (its `diagnose` callback asks Ray). Transfers (sends, and receives once a header arrived) give up
-after `TRANSFER_TIMEOUT_S`; the owner's own wait for an answer has its own limit (`ModelParallelGroup.result`).
+names the dead actor (its `diagnose` callback asks Ray). Sends (which wait for the receiver to be ready, so they cover
+one stage's compute) and NCCL receives give up after `TRANSFER_TIMEOUT_S`; the owner's own wait for an answer has its
+own limit (`ModelParallelGroup.result`). Peers on other nodes reach each other on the address gloo and NCCL pick
+for the host (set `GLOO_SOCKET_IFNAME` / `NCCL_SOCKET_IFNAME` to choose the interface).
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ from models.layers import ActivationState
 
 logger = logging.getLogger(__name__)
 
-#: How long a send waits for its receiver, and a receive for the rest of a message once its header came; also the
+#: How long a send waits for its receiver, and an NCCL receive for its tensors once their header came; also the
 #: process groups' own timeout. A send completes when the receiver takes it, so it covers one stage's compute.
 TRANSFER_TIMEOUT_S = 300.0
 #: How long the rendezvous (store connections, every member joining) may take.
