@@ -362,9 +362,9 @@ def planned_vs_even(directory: str, comm, args) -> dict:
 
 
 # ---- the hop comparison: the stage transport against pickled frames over sockets ----
-# The socket-and-pickle relay below stands in, in this benchmark only, for the activation links the stage transport
-# replaced: each stage reads a length-prefixed pickle (tensors as their raw bytes) from a TCP socket on 127.0.0.1,
-# unpickles it and writes it on, pickled again, to the next stage's socket.
+# The baseline of the comparison, in this benchmark only: a relay of pickled frames over TCP sockets on 127.0.0.1.
+# Each stage reads a length-prefixed pickle (tensors as numpy arrays) from its socket, unpickles it and writes it on,
+# pickled again, to the next stage's socket.
 
 #: Frame header: the payload's length, 8 bytes big-endian (a format string: the relay class is pickled by value
 #: when this file runs as a script, and a `struct.Struct` does not pickle).
