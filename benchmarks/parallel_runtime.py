@@ -31,6 +31,10 @@ against its planned weight share: `stage_memory_vs_planned` per model, configura
 `max_stage_memory_error` = the largest |resident / (planned share + runtime overhead) - 1| (goal <= 0.15), and
 `max_stage_weights_rss_error` = the largest |RSS its tensors added / planned share - 1|.
 
+`hop_1mb_s`: what one more pipeline hop adds to a request carrying a 1 MB activation over the stage transport
+(`parallel.stage_transport`) and, side by side, over pickled frames on TCP sockets (a relay kept in this benchmark
+for the comparison), and their ratio.
+
 Final JSON line: `pipeline2_throughput_ratio` (2 stages vs 1 in steady state: median over rounds, the smaller of the
 two models; `pipeline2_burst_throughput_ratio_per_model` with the fill),
 `max_prediction_error` (relative, over latency and throughput of every configuration), `max_abs_diff`,
@@ -42,10 +46,15 @@ benchmarks/out/.
 from __future__ import annotations
 
 import argparse
+import io
 import os
+import pickle
+import socket
 import statistics
+import struct
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -59,12 +68,13 @@ import ray  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks._common import emit_json, make_parser, out_dir, setup_logging  # noqa: E402
-from models.device import CPU_RESOURCE  # noqa: E402
+from models.device import CPU_RESOURCE, GPU_RESOURCE  # noqa: E402
 from models.layers import run_layers  # noqa: E402
 from parallel.configurations import ModelPlanner  # noqa: E402
 from parallel.group_runtime import ModelParallelGroup  # noqa: E402
 from parallel.plan import ParallelPlan, StagePlan  # noqa: E402
 from parallel.profiler import (  # noqa: E402
+    CommProbe,
     LayerProfileSet,
     ModelLayerProfile,
     device_description,
@@ -75,6 +85,7 @@ from parallel.profiler import (  # noqa: E402
 )
 from parallel.sharded_profile import profile_sharded_blocks  # noqa: E402
 from parallel.stage_layers import ModelSource, example_input, load_model  # noqa: E402
+from parallel.stage_transport import PipelineTransport  # noqa: E402
 from parallel.tensor_parallel import BlockShardingPlan  # noqa: E402
 from parallel.tiny_models import make_tiny_vit, make_unequal_vit  # noqa: E402
 from placement.core.profiles import ParallelConfig, shared_host_cores  # noqa: E402
@@ -114,6 +125,11 @@ FULL_ROUNDS = 11
 #: ~0.2 s, too short for a stable ratio on a shared VM).
 PLANNED_VS_EVEN_REQUESTS = 40
 PLANNED_VS_EVEN_EXTRA_ROUNDS = 2
+#: The hop comparison: a 1 MB activation relayed through chains of 1 and 2 actors, sequential requests (median) per
+#: chain and round, rounds alternating the two transports.
+HOP_COMPARISON_BYTES = 1 << 20
+HOP_COMPARISON_REQUESTS = 30
+HOP_COMPARISON_ROUNDS = 3
 CONFIGS = {
     "1-stage": ParallelConfig(intra_op_degree=1, pipeline_stages=1),
     "2-stage": ParallelConfig(intra_op_degree=1, pipeline_stages=2),
@@ -163,7 +179,8 @@ def measure_side_by_side(source: ModelSource, plans: dict[str, ParallelPlan], pr
     slower, so requests interleaved across plans would each pay that once per stage (the first lone request
     of a turn does; the median of them does not). Returns the rounds, the stage memory of the pipeline-only groups
     and the weight bytes of every actor, by plan label."""
-    groups = {label: ModelParallelGroup(source, plan) for label, plan in plans.items()}
+    groups = {label: ModelParallelGroup(source, plan, num_gpus_per_actor=args.gpus_per_actor)
+              for label, plan in plans.items()}
     rounds: dict[str, list[dict]] = {label: [] for label in plans}
     try:
         for group in groups.values():
@@ -191,8 +208,13 @@ def measure_profile(source: ModelSource, seq: int | None, args, model=None) -> M
     """Every measurement the cost model reads for one model: its layers whole, its co-run slowdown, its blocks
     Megatron-sharded over 2 actors."""
     log.info("%s: profiling layers", source.name)
-    profile = profile_layers(source, [BATCH_SIZE], [seq] if seq else [], repeats=args.repeats, model=model)
-    profile.co_run_slowdown = measure_co_run_slowdown(source, BATCH_SIZE, seq)
+    on_cpu = args.device == "cpu"  # on a GPU the profile loads its own copy (the layers move there)
+    profile = profile_layers(source, [BATCH_SIZE], [seq] if seq else [], repeats=args.repeats,
+                             model=model if on_cpu else None, device=args.device)
+    if on_cpu:  # the co-run slowdown prices CPU shares of one host
+        profile.co_run_slowdown = measure_co_run_slowdown(source, BATCH_SIZE, seq)
+    if "2-way-intra-op" not in args.configs:
+        return profile
     return profile_sharded_blocks(profile, (CONFIGS["2-way-intra-op"].intra_op_degree,), repeats=args.repeats)
 
 
@@ -209,7 +231,7 @@ def bench_model(source: ModelSource, comm, args, figures: dict) -> None:
         expected = [run_layers(model.layers(), s).hidden for s in states]
     del model
     plans, ilp_choice = {}, {}
-    for label, config in CONFIGS.items():
+    for label, config in args.configs.items():
         planned = planner.plan(config, BATCH_SIZE)
         if config.intra_op_degree > 1:
             sharded = any(v != "replicated" for st in planned.plan.stages for b in st.block_shardings.values()
@@ -227,7 +249,8 @@ def bench_model(source: ModelSource, comm, args, figures: dict) -> None:
     profile = profile.merge(measure_profile(source, seq, args))
     predictor = ModelPlanner(profile, comm, seq)
     # The groups' devices are CPU shares of this host: throughput is capped by its cores / CPU per request.
-    host_cores = shared_host_cores(CPU_RESOURCE, comm.hop.host_cores if comm.hop is not None else None)
+    host_cores = shared_host_cores(GPU_RESOURCE if args.device == "cuda" else CPU_RESOURCE,
+                                   comm.hop.host_cores if comm.hop is not None else None)
     predictions = {label: predictor.price(plan).to_profile() for label, plan in plans.items()}
     results = {}
     for label, measured in rounds.items():
@@ -306,7 +329,8 @@ def planned_vs_even(directory: str, comm, args) -> dict:
     source = make_unequal_vit(directory, image_size_px=VIT_IMAGE_PX, arch=UNEQUAL_ARCH, num_classes=UNEQUAL_CLASSES)
     model = load_model(source)
     log.info("%s: profiling layers", source.name)
-    profile = profile_layers(source, [BATCH_SIZE], repeats=args.repeats, model=model)
+    profile = profile_layers(source, [BATCH_SIZE], repeats=args.repeats,
+                             model=model if args.device == "cpu" else None, device=args.device)
     planned = ModelPlanner(profile, comm, None).plan(CONFIGS["2-stage"], BATCH_SIZE)
     plans = {"planned": planned.plan, "even": ParallelPlan.even(len(profile.layers), pipeline_stages=2)}
     states = [example_input(model, BATCH_SIZE, seed=i) for i in range(4)]
@@ -314,7 +338,7 @@ def planned_vs_even(directory: str, comm, args) -> dict:
         expected = [run_layers(model.layers(), s).hidden for s in states]
     del model
     longer = argparse.Namespace(rounds=args.rounds + PLANNED_VS_EVEN_EXTRA_ROUNDS,
-                                throughput_requests=PLANNED_VS_EVEN_REQUESTS)
+                                throughput_requests=PLANNED_VS_EVEN_REQUESTS, gpus_per_actor=args.gpus_per_actor)
     rounds, memory, _ = measure_side_by_side(source, plans, profile, states, expected, longer, latency_requests=1)
     per_round = [p["throughput_rps"] / e["throughput_rps"] for p, e in zip(rounds["planned"], rounds["even"])]
     layer_s = [m.latency_s[shape_key(BATCH_SIZE, profile.tokens_per_sequence)] for m in profile.layers]
@@ -334,6 +358,154 @@ def planned_vs_even(directory: str, comm, args) -> dict:
     log.info("%s: planned %s %.1f req/s vs even %s %.1f req/s: ratio %.2f", source.name, result["planned"]["stages"],
              result["planned"]["throughput_rps"], result["even"]["stages"], result["even"]["throughput_rps"],
              result["planned_vs_even_throughput"])
+    return result
+
+
+# ---- the hop comparison: the stage transport against pickled frames over sockets ----
+# The baseline of the comparison, in this benchmark only: a relay of pickled frames over TCP sockets on 127.0.0.1.
+# Each stage reads a length-prefixed pickle (tensors as numpy arrays) from its socket, unpickles it and writes it on,
+# pickled again, to the next stage's socket.
+
+#: Frame header: the payload's length, 8 bytes big-endian (a format string: the relay class is pickled by value
+#: when this file runs as a script, and a `struct.Struct` does not pickle).
+_FRAME_FORMAT = "!Q"
+_FRAME_HEADER_BYTES = 8
+
+
+class _FramePickler(pickle.Pickler):
+    """Pickles a CPU tensor as its numpy array (its raw bytes, dtype and shape), rebuilt by `torch.tensor` (a copy
+    the receiver owns); both importable wherever the frame is read."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu" and type(obj) is torch.Tensor:
+            return torch.tensor, (obj.detach().contiguous().numpy(),)
+        return NotImplemented
+
+
+def _send_frame(sock: socket.socket, obj) -> None:
+    buffer = io.BytesIO()
+    buffer.write(bytes(_FRAME_HEADER_BYTES))
+    _FramePickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    frame = buffer.getbuffer()
+    struct.pack_into(_FRAME_FORMAT, frame, 0, len(frame) - _FRAME_HEADER_BYTES)
+    sock.sendall(frame)
+    frame.release()
+
+
+def _recv_exactly(sock: socket.socket, num_bytes: int) -> bytearray:
+    buffer, received = bytearray(num_bytes), 0
+    view = memoryview(buffer)
+    while received < num_bytes:
+        count = sock.recv_into(view[received:])
+        if count == 0:
+            raise EOFError("the peer closed the socket")
+        received += count
+    return buffer
+
+
+def _recv_frame(sock: socket.socket):
+    (length,) = struct.unpack(_FRAME_FORMAT, _recv_exactly(sock, _FRAME_HEADER_BYTES))
+    return pickle.loads(_recv_exactly(sock, length))
+
+
+def _listener() -> socket.socket:
+    return socket.create_server(("127.0.0.1", 0))
+
+
+def _no_delay(sock: socket.socket) -> socket.socket:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+class PickleSocketRelay:
+    """A Ray actor body relaying pickled frames from its listener to the next stage's."""
+
+    def __init__(self):
+        torch.set_num_threads(1)
+
+    def open(self) -> tuple[str, int]:
+        self._listener = _listener()
+        return self._listener.getsockname()[:2]
+
+    def start(self, downstream: tuple[str, int]) -> None:
+        threading.Thread(target=self._relay, args=(self._listener, tuple(downstream)), daemon=True).start()
+
+    @staticmethod
+    def _relay(listener: socket.socket, downstream: tuple[str, int]) -> None:
+        out = _no_delay(socket.create_connection(downstream))
+        upstream = _no_delay(listener.accept()[0])
+        try:
+            while True:
+                _send_frame(out, _recv_frame(upstream))
+        except (OSError, EOFError):
+            pass
+        finally:
+            for sock in (out, upstream, listener):
+                sock.close()
+
+
+class PickleSocketChain:
+    """The owner's end of a chain of `PickleSocketRelay` actors; `roundtrip` sends one state and waits for it."""
+
+    def __init__(self, actors):
+        listener = _listener()
+        addresses = ray.get([actor.open.remote() for actor in actors])
+        following = [*addresses[1:], listener.getsockname()[:2]]
+        ray.get([actor.start.remote(address) for actor, address in zip(actors, following)])
+        self._input = _no_delay(socket.create_connection(tuple(addresses[0])))
+        self._output = _no_delay(listener.accept()[0])
+        listener.close()
+
+    def roundtrip(self, state):
+        _send_frame(self._input, (0, state))
+        return _recv_frame(self._output)
+
+    def close(self) -> None:
+        self._input.close()
+        self._output.close()
+
+
+def _sequential_s(call, requests: int) -> float:
+    call()  # warm-up
+    times = []
+    for _ in range(requests):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def hop_comparison(payload_bytes: int = HOP_COMPARISON_BYTES) -> dict:
+    """Seconds one more hop adds to a request carrying `payload_bytes` of activation, over the stage transport and
+    over pickled frames on sockets: the slope of sequential latency between chains of 1 and 2 relaying actors (zero
+    compute), the two transports measured in alternating rounds (medians over rounds)."""
+    from models.layers import ActivationState
+
+    state = ActivationState(hidden=torch.ones(payload_bytes // 4))
+    probes = [ray.remote(CommProbe).options(num_cpus=0.5).remote() for _ in range(2)]
+    relays = [ray.remote(PickleSocketRelay).options(num_cpus=0.5).remote() for _ in range(2)]
+    chains = {"stage_transport": {n: PipelineTransport([[actor] for actor in probes[:n]]) for n in (1, 2)},
+              "pickle_socket": {n: PickleSocketChain(relays[:n]) for n in (1, 2)}}
+    calls = {"stage_transport": lambda chain: (lambda: chain.submit(state).result()),
+             "pickle_socket": lambda chain: (lambda: chain.roundtrip(state))}
+    hops: dict[str, list[float]] = {name: [] for name in chains}
+    try:
+        for number in range(HOP_COMPARISON_ROUNDS):
+            for name in (list(chains) if number % 2 == 0 else list(reversed(chains))):
+                latency = {n: _sequential_s(calls[name](chain), HOP_COMPARISON_REQUESTS)
+                           for n, chain in chains[name].items()}
+                hops[name].append(max(0.0, latency[2] - latency[1]))
+    finally:
+        for per_length in chains.values():
+            for chain in per_length.values():
+                chain.close()
+        for actor in probes + relays:
+            ray.kill(actor)
+    result = {f"{name}_s": statistics.median(values) for name, values in hops.items()}
+    result["payload_bytes"] = payload_bytes
+    result["stage_transport_over_pickle_socket"] = result["stage_transport_s"] / result["pickle_socket_s"]
+    log.info("one more hop with %d bytes: stage transport %.3f ms, pickled socket frames %.3f ms", payload_bytes,
+             1e3 * result["stage_transport_s"], 1e3 * result["pickle_socket_s"])
     return result
 
 
@@ -365,7 +537,7 @@ def two_process_cpu_scaling(seconds: float = CEILING_SECONDS) -> float:
     return totals[1] / totals[0]
 
 
-def plot(figures: dict) -> Path:
+def plot(figures: dict, labels: list[str]) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -373,7 +545,6 @@ def plot(figures: dict) -> Path:
 
     fig, axes = plt.subplots(1, len(figures), figsize=(5 * len(figures), 4), squeeze=False)
     for ax, (name, results) in zip(axes[0], figures.items()):
-        labels = list(CONFIGS)
         x = range(len(labels))
         ax.bar([i - 0.2 for i in x], [results[k]["throughput_rps"] for k in labels], width=0.4, label="measured")
         ax.bar([i + 0.2 for i in x], [results[k]["predicted_throughput_rps"] for k in labels], width=0.4,
@@ -391,7 +562,20 @@ def plot(figures: dict) -> Path:
 def main() -> None:
     parser = make_parser(__doc__)
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per layer in the profile")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the stage actors compute: cpu (1 thread each) or cuda (this machine's GPUs "
+                             "shared among the groups' actors; the 2-way intra-op configuration needs 2 GPUs)")
     args = parser.parse_args()
+    args.configs, args.gpus_per_actor, num_gpus = dict(CONFIGS), 0.0, None
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            parser.error("--device cuda: torch sees no GPU on this machine")
+        num_gpus = torch.cuda.device_count()
+        if num_gpus < CONFIGS["2-way-intra-op"].intra_op_degree:  # NCCL refuses two shards on one GPU
+            del args.configs["2-way-intra-op"]
+        # Every group of a round is alive at once: 1 + 2 (+ 2) actors share the GPUs.
+        args.gpus_per_actor = min(1.0, num_gpus / sum(c.intra_op_degree * c.pipeline_stages
+                                                      for c in args.configs.values()))
     args.repeats = args.repeats or (QUICK_LAYER_REPEATS if args.quick else FULL_LAYER_REPEATS)
     args.latency_requests = 5 if args.quick else 20
     args.throughput_requests = QUICK_BURST_REQUESTS if args.quick else FULL_BURST_REQUESTS
@@ -399,11 +583,15 @@ def main() -> None:
     torch.set_num_threads(1)
     scaling_before = two_process_cpu_scaling()
     log.info("2 processes vs 1 on this machine now: %.2fx aggregate matmul throughput", scaling_before)
-    ray.init(address="local", num_cpus=RAY_NUM_CPUS, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=RAY_NUM_CPUS, include_dashboard=False, log_to_driver=False,
+             **({"num_gpus": num_gpus} if num_gpus else {}))
     figures: dict = {}
     try:
         log.info("profiling sends and 2-way collectives between actors")
         comm = profile_comm((2,), repeats=QUICK_COMM_REPEATS if args.quick else FULL_COMM_REPEATS)
+        log.info("comparing the per-hop cost of a %d-byte activation: stage transport vs pickled socket frames",
+                 HOP_COMPARISON_BYTES)
+        hop_1mb = hop_comparison()
         with tempfile.TemporaryDirectory() as tmp:
             vit = make_tiny_vit(tmp, arch=VIT_ARCH, image_size_px=VIT_IMAGE_PX, num_classes=VIT_CLASSES,
                                 name=f"{VIT_ARCH}-{VIT_IMAGE_PX}px-random-weights", timm_kwargs={})
@@ -415,14 +603,14 @@ def main() -> None:
         ray.shutdown()
     scaling_after = two_process_cpu_scaling()
     log.info("2 processes vs 1 after the runs: %.2fx", scaling_after)
-    png = plot(figures)
-    configs = [r[label] for r in figures.values() for label in CONFIGS]
+    png = plot(figures, list(args.configs))
+    configs = [r[label] for r in figures.values() for label in args.configs]
     errors = [c[k] for c in configs for k in ("latency_error", "throughput_error")]
     errors_uncapped = [c[k] for c in configs for k in ("latency_error_stages_only",
                                                         "throughput_error_slowest_stage_only")]
     ratios = {name: r["pipeline2_throughput_ratio_median_of_rounds"] for name, r in figures.items()}
     burst_ratios = {name: r["pipeline2_burst_throughput_ratio_median_of_rounds"] for name, r in figures.items()}
-    memory = {name: {label: r[label]["stage_memory_vs_planned"] for label in CONFIGS if "stage_memory_vs_planned"
+    memory = {name: {label: r[label]["stage_memory_vs_planned"] for label in args.configs if "stage_memory_vs_planned"
                      in r[label]} for name, r in figures.items()}
     memory["unequal-vit"] = unequal["stage_memory_vs_planned"]
     stages = [stage for per_model in memory.values() for per_config in per_model.values() for stage in per_config]
@@ -435,13 +623,14 @@ def main() -> None:
         "max_prediction_error_slowest_stage_only": max(errors_uncapped),
         "max_abs_diff": max(c["max_abs_diff"] for c in configs + [unequal]),
         "planned_vs_even_throughput": unequal["planned_vs_even_throughput"],
+        "hop_1mb_s": hop_1mb,
         "planned_vs_even": unequal,
         "max_stage_memory_error": max((abs(s["resident_over_planned_plus_overhead"] - 1) for s in stages),
                                       default=None),
         "max_stage_weights_rss_error": max((abs(s["weights_rss_over_planned"] - 1) for s in stages), default=None),
         "stage_memory_vs_planned": memory,
         "two_process_cpu_scaling_before_after": [scaling_before, scaling_after],
-        "device": device_description(),
+        "device": device_description() if args.device == "cpu" else f"cuda: {torch.cuda.get_device_name(0)}",
         "comm": LayerProfileSet(device=device_description(), comm=comm).comm.model_dump(),
         "models": figures,
         "png": str(png),

@@ -109,7 +109,12 @@ def make_texts(count: int, seed: int = 0) -> list[str]:
 
 # ---- the plain Ray Serve app (what a user would write instead) ----
 
-def plain_app():
+#: The share of a GPU the plain app reserves with `--device cuda` (it runs beside plexserve's replicas).
+PLAIN_GPU_SHARE = 0.1
+DEVICES = ("cpu", "cuda")
+
+
+def plain_app(device: str = "cpu"):
     from ray import serve
     from starlette.requests import Request
 
@@ -117,12 +122,14 @@ def plain_app():
 
     path = str(resolve_text_source("package:all-minilm-l6-v2"))
 
-    @serve.deployment(max_ongoing_requests=2 * PLAIN_MAX_BATCH_SIZE, ray_actor_options={"num_cpus": PLAIN_NUM_CPUS})
+    options = {"num_cpus": PLAIN_NUM_CPUS, **({"num_gpus": PLAIN_GPU_SHARE} if device == "cuda" else {})}
+
+    @serve.deployment(max_ongoing_requests=2 * PLAIN_MAX_BATCH_SIZE, ray_actor_options=options)
     class PlainMiniLM:
         def __init__(self):
             from sentence_transformers import SentenceTransformer
 
-            self.model = SentenceTransformer(path, device="cpu")
+            self.model = SentenceTransformer(path, device=device)
 
         @serve.batch(max_batch_size=PLAIN_MAX_BATCH_SIZE, batch_wait_timeout_s=PLAIN_BATCH_WAIT_S)
         async def embed(self, texts: list[str]) -> list[list[float]]:
@@ -328,10 +335,29 @@ def compute_bound(texts: list[str], seconds: float) -> dict:
 
 # ---- the run ----
 
-def plexserve_args(path: Path = PLEXSERVE_CONFIG) -> dict:
+def plexserve_args(path: Path = PLEXSERVE_CONFIG, device: str = "cpu") -> dict:
+    """The application args of a Serve config; with `device` 'cuda' its cluster's devices are this machine's GPUs
+    (device resource 'GPU', one device per GPU, each GPU's memory), and a placement group over more devices than
+    there are GPUs is left out (its models then get replicas of their own)."""
     config = yaml.safe_load(path.read_text())
     (application,) = config["applications"]
-    return application["args"]
+    spec = application["args"]
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda: torch sees no GPU on this machine")
+        gpus = torch.cuda.device_count()
+        spec["cluster"].update(device_resource="GPU", num_devices=gpus,
+                               device_memory_bytes=torch.cuda.get_device_properties(0).total_memory)
+        placement = spec.get("placement") or {}
+        if placement.get("groups"):
+            kept = [group for group in placement["groups"] if group["num_devices"] <= gpus]
+            if len(kept) < len(placement["groups"]):
+                log.info("--device cuda: %d placement group(s) over more than %d GPU(s) left out",
+                         len(placement["groups"]) - len(kept), gpus)
+            placement["groups"] = kept
+    return spec
 
 
 def plot(points: list[dict], path: Path) -> None:
@@ -375,9 +401,10 @@ def run_session(ingress: str, args, out: Path) -> None:
 
     warmup_s, duration_s = QUICK_DURATIONS_S if args.quick else FULL_DURATIONS_S
     texts = make_texts(NUM_TEXTS)
-    spec = plexserve_args(args.config)
+    spec = plexserve_args(args.config, args.device)
     slo_ms = next(m["slo_ms"] for m in spec["models"] if m["name"] == PLEXSERVE_MODEL)
-    ray.init(address="local", num_cpus=RAY_NUM_CPUS, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=RAY_NUM_CPUS, include_dashboard=False, log_to_driver=False,
+             **({"num_gpus": spec["cluster"]["num_devices"]} if args.device == "cuda" else {}))
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     base = f"http://127.0.0.1:{port}"
@@ -389,7 +416,7 @@ def run_session(ingress: str, args, out: Path) -> None:
                  "" if args.skip_plain else " and the plain app")
         serve.run(build_app(spec), name="plexserve", route_prefix="/")
         if not args.skip_plain:
-            serve.run(plain_app(), name="plain", route_prefix="/plain")
+            serve.run(plain_app(args.device), name="plain", route_prefix="/plain")
         generator = LoadGenerator(texts)
         loop = asyncio.new_event_loop()
         for system in systems:  # one warm-up request each: first calls load lazily initialised parts
@@ -433,7 +460,7 @@ def session_env(ingress: str) -> dict[str, str]:
 def session_argv(args: argparse.Namespace, ingress: str, out: Path) -> list[str]:
     """The command line of one session's child process: this run's options, its ingress mode and its output."""
     argv = ["--clients", *map(str, args.clients), "--config", str(args.config), "--session", ingress,
-            "--session-out", str(out)]
+            "--session-out", str(out), "--device", args.device]
     flags = {"--quick": args.quick, "--skip-plain": args.skip_plain, "--skip-overload": args.skip_overload}
     return argv + [flag for flag, on in flags.items() if on]
 
@@ -448,6 +475,9 @@ def main() -> None:
     parser.add_argument("--skip-plain", action="store_true", help="measure plexserve alone (development runs)")
     parser.add_argument("--config", type=Path, default=PLEXSERVE_CONFIG, help="plexserve Serve config to deploy")
     parser.add_argument("--skip-overload", action="store_true", help="no open-loop overload runs")
+    parser.add_argument("--device", choices=DEVICES, default="cpu",
+                        help="where the models compute: cpu (the config as written) or cuda (the config's cluster "
+                             "becomes this machine's GPUs, the plain app runs on one too)")
     parser.add_argument("--ingress", choices=INGRESS_MODES, nargs="*", default=list(INGRESS_MODES),
                         help="ingress modes to measure, each in its own Ray (default: both)")
     parser.add_argument("--session", choices=INGRESS_MODES, help=argparse.SUPPRESS)
@@ -475,7 +505,7 @@ def main() -> None:
 
     shipped = [p for p in points if p["system"] == "plexserve" and p["ingress"] == PLEXSERVE_INGRESS]
     peak = max((p["goodput_per_s"] for p in shipped if p["mode"] == "closed"), default=0.0)
-    figures: dict = {"machine": machine_description(), "quick": args.quick, "points": points,
+    figures: dict = {"machine": machine_description(), "quick": args.quick, "device": args.device, "points": points,
                      "compute_bound_texts_per_s": bound["texts_per_s"], "compute_bound_best": bound["best"],
                      "peak_goodput_plexserve": peak}
     for clients in args.clients:

@@ -1,16 +1,16 @@
 """Alpha-beta communication model: time = alpha + beta * bytes, fitted to measured transfers and collectives.
 
-The profiler (`parallel.profiler`) measures sends between pipeline stages (over their activation links) and the
+The profiler (`parallel.profiler`) measures sends between pipeline stages (over their stage transport) and the
 all-reduce / all-gather of a tensor-parallel group at several sizes; `fit_alpha_beta` fits the classic latency-bandwidth
 model by least squares (Hockney's alpha-beta model, the cost model of Alpa's intra-op pass), and `CommModel` answers
 what the inter-op and intra-op passes ask: the cost of receiving a stage's input and of a collective over `degree`
 shards.
 
-`HopOverhead` is what one pipeline hop costs the runtime beyond moving the bytes (a frame on the stage's activation
-link: serialization, the socket, the stage's loop; see `parallel.activation_links`), in wall time and in host CPU;
-the cost model of `placement.core.profiles.ConfigProfile` adds it to every stage (AlpaServe §3.3's communication
-overhead, measured as the runtime really pays it) and, on hosts whose devices are CPU shares, bounds throughput by
-the CPU per request.
+`HopOverhead` is what one pipeline hop costs the runtime beyond moving the bytes (a message on the stage transport:
+its header and each tensor as point-to-point sends, the stage's loop; see `parallel.stage_transport`), in wall time
+and in host CPU; the cost model of `placement.core.profiles.ConfigProfile` adds it to every stage (AlpaServe §3.3's
+communication overhead, measured as the runtime really pays it) and, on hosts whose devices are CPU shares, bounds
+throughput by the CPU per request.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float]) -> Al
 
 class HopOverhead(BaseModel):
     """Per-hop overhead of the model-parallel runtime, measured by relaying an activation-sized payload through
-    chains of 1 and 2 actors over the group runtime's activation links (`parallel.profiler.profile_hop_overhead`)."""
+    chains of 1 and 2 actors over the group runtime's stage transport (`parallel.profiler.profile_hop_overhead`)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -81,7 +81,8 @@ class CommModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     send: AlphaBeta = Field(description="Handing one activation to the next pipeline stage: one more hop over the "
-                                        "stages' activation links (a frame out of one actor, into the next, relayed).")
+                                        "stage transport (`torch.distributed` point-to-point: out of one actor, into "
+                                        "the next, relayed).")
     all_reduce: dict[int, AlphaBeta] = Field(default_factory=dict, description="Degree -> all-reduce cost.")
     all_gather: dict[int, AlphaBeta] = Field(default_factory=dict,
                                              description="Degree -> all-gather cost (bytes of the gathered tensor).")

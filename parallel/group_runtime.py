@@ -1,7 +1,8 @@
 """A model-parallel group: a model split over Ray actors by a `ParallelPlan`, with pipelined requests.
 
 `ModelParallelGroup` creates one `StageActor` per (stage, shard), lets each load only its share of the weights,
-and wires the stages with direct activation links (`parallel.activation_links`): `submit` writes a request to the
+and wires the stages with the stage transport (`parallel.stage_transport`: `torch.distributed` point-to-point in
+a process group of the actors and the owner, NCCL between GPUs, gloo elsewhere): `submit` sends a request to the
 first stage, each actor runs its requests in arrival order and sends each output straight to the next stage, and
 the last stage's answer comes back to the group's owner. So while stage 2 runs request i, stage 1 already runs
 request i+1 (AlpaServe §3: inter-op parallelism pipelines consecutive requests), with no Ray task per request and
@@ -24,10 +25,10 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from models.device import CPU_RESOURCE, GPU_RESOURCE
 from models.layers import ActivationState
-from parallel.activation_links import LinkError, PipelineLinks
 from parallel.plan import ParallelPlan
 from parallel.stage_actor import StageActor
 from parallel.stage_layers import ModelSource
+from parallel.stage_transport import PipelineTransport, TransportError
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class ModelParallelGroup:
         self.num_gpus_per_actor = num_gpus_per_actor
         self.actors: list[list] = []
         self.weight_bytes: list[list[int]] = []
-        self.links: PipelineLinks | None = None
+        self.transport: PipelineTransport | None = None
         self._start(reuse_actors)
 
     # ---- life cycle ----
@@ -121,17 +122,17 @@ class ModelParallelGroup:
                     address, port = ray.get(row[0].rendezvous_address.remote())
                 setups.append([actor.setup.remote(address, port) for actor in row])
             self.weight_bytes = [ray.get(row) for row in setups]
-            self.links = PipelineLinks(self.actors, diagnose=self._dead_actor)
-        except (RayActorError, RayTaskError, GetTimeoutError, OSError) as error:
+            self.transport = PipelineTransport(self.actors, diagnose=self._dead_actor)
+        except (RayActorError, RayTaskError, GetTimeoutError, OSError, RuntimeError) as error:
             self.shutdown()
             raise GroupFailedError(f"model-parallel group for {self.source.name!r} failed to start: {error}") from error
         logger.info("group %s: %d stages x %d shards, weight bytes per actor %s", self.source.name, len(self.actors),
                     degree, self.weight_bytes)
 
     def shutdown(self) -> None:
-        if self.links is not None:
-            self.links.close()
-            self.links = None
+        if self.transport is not None:
+            self.transport.close(stop_stages=False)  # the actors die next
+            self.transport = None
         for row in self.actors:
             for actor in row:
                 try:
@@ -141,11 +142,11 @@ class ModelParallelGroup:
         self.actors = []
 
     def release(self) -> list[list]:
-        """Close the links and hand over the actors, alive and still holding their layers, for another model to
+        """Close the transport and hand over the actors, alive and still holding their layers, for another model to
         reload (`reuse_actors`); this group is shut down afterwards."""
-        if self.links is not None:
-            self.links.close()
-            self.links = None
+        if self.transport is not None:
+            self.transport.close()
+            self.transport = None
         actors, self.actors = self.actors, []
         return actors
 
@@ -160,12 +161,12 @@ class ModelParallelGroup:
     def submit(self, state: ActivationState) -> Future:
         """Queue one batch for the first stage; returns at once (requests pipeline through the stages). The future
         holds the last stage's output; `result` and `infer_async` turn its failures into `GroupFailedError`."""
-        links = self.links
-        if links is None:
+        transport = self.transport
+        if transport is None:
             raise GroupFailedError(f"model-parallel group for {self.source.name!r} is shut down; call rebuild()")
         try:
-            return links.submit(state)
-        except LinkError as error:
+            return transport.submit(state)
+        except TransportError as error:
             raise GroupFailedError(str(error)) from error
 
     def result(self, pending: Future, timeout_s: float = DEFAULT_RESULT_TIMEOUT_S) -> ActivationState:
@@ -183,17 +184,18 @@ class ModelParallelGroup:
     @contextlib.contextmanager
     def _failures_as_group_failed(self, timeout_s: float) -> Iterator[None]:
         """A wait for an answer, blocking or awaited: no answer within `timeout_s` (both waits raise the builtin
-        TimeoutError since Python 3.11) or a broken link becomes `GroupFailedError`."""
+        TimeoutError since Python 3.11) or a broken transport becomes `GroupFailedError`."""
         try:
             yield
         except TimeoutError:
             raise GroupFailedError(f"model-parallel group for {self.source.name!r}: no result "
                                    f"within {timeout_s} s") from None
-        except LinkError as error:
+        except TransportError as error:
             raise GroupFailedError(str(error)) from error
 
     def _dead_actor(self) -> str:
-        """Why the links broke, for the requests that fail: the first actor that no longer answers a ping."""
+        """Why the transport broke, for the requests that fail: the first actor that no longer answers a ping ('' when
+        every actor answers: the transport's own reason stands)."""
         for s, row in enumerate(self.actors):
             for rank, actor in enumerate(row):
                 try:
@@ -201,7 +203,7 @@ class ModelParallelGroup:
                 except (RayActorError, GetTimeoutError) as error:
                     return (f"stage {s} shard {rank} of model {self.source.name!r} died; rebuild the group: "
                             f"{type(error).__name__}")
-        return f"a link of model {self.source.name!r}'s model-parallel group broke; rebuild the group"
+        return ""
 
     def infer(self, state: ActivationState) -> ActivationState:
         return self.result(self.submit(state))

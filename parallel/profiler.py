@@ -7,7 +7,7 @@ this module measures them on the device at hand, one thread as in a stage actor:
   the bytes of every layer's weights and of the activation it hands to the next layer, and the shapes of its
   blocks (for the intra-op pass);
 * `profile_comm`: the time to hand an activation from one pipeline stage to the next (one more hop over the
-  stages' activation links, `profile_link_sends`) and of gloo all-reduce / all-gather among `degree` actors, for
+  stage transport, `profile_link_sends`) and of gloo all-reduce / all-gather among `degree` actors, for
   several sizes, fitted with the alpha-beta model (`parallel.comm_model`); and the runtime's
   per-hop overhead (`profile_hop_overhead`): an activation-sized payload relayed through chains of 1 and 2 actors
   with the group runtime's own call pattern, timed sequentially (wall per hop) and pipelined while the CPU time of
@@ -34,10 +34,10 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from models.layers import ActivationState, parameter_bytes, run_layers
-from parallel.activation_links import PipelineLinks, StageLinkEndpoint
 from parallel.comm_model import AlphaBeta, CommModel, HopOverhead, fit_alpha_beta
 from parallel.intra_op import BlockShape
 from parallel.stage_layers import ModelSource, example_input, load_model, standalone_layers
+from parallel.stage_transport import PipelineTransport, StageTransportEndpoint
 from parallel.tensor_parallel import BlockParts, bert_block_parts, vit_block_parts
 
 logger = logging.getLogger(__name__)
@@ -223,45 +223,60 @@ def _linear_bytes(parts: BlockParts) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
-def _timed(fn: Callable[[], object], warmup: int, repeats: int) -> float:
+def synchronize(device: torch.device | str | None) -> None:
+    """Wait until `device` ran every kernel queued on it: CUDA runs kernels asynchronously, so a clock read right
+    after a launch would time the launch, not the work. Nothing to wait for on the CPU (or the meta device)."""
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn: Callable[[], object], warmup: int, repeats: int, device: torch.device | str | None = None) -> float:
+    """Median wall seconds of `fn`, the device synchronized before the clock starts and before it stops."""
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(repeats):
+        synchronize(device)
         start = time.perf_counter()
         fn()
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
 def interleaved_layer_times(layers: Sequence, inputs: Sequence[ActivationState], warmup: int,
-                             repeats: int) -> list[float]:
+                             repeats: int, device: torch.device | str | None = None) -> list[float]:
     """Median seconds of each layer on its input, timed in `repeats` passes over the whole model (layer after
     layer, as a forward pass runs) rather than all repeats of one layer before the next: a slow spell of a shared
-    machine then lands on every layer alike instead of on a few, and the DP's stage cuts do not follow the noise."""
+    machine then lands on every layer alike instead of on a few, and the DP's stage cuts do not follow the noise.
+    On CUDA the device is synchronized around every timed layer (`synchronize`)."""
     for _ in range(warmup):
         for layer, state in zip(layers, inputs):
             layer(state)
     times: list[list[float]] = [[] for _ in layers]
     for _ in range(repeats):
         for index, (layer, state) in enumerate(zip(layers, inputs)):
+            synchronize(device)
             start = time.perf_counter()
             layer(state)
+            synchronize(device)
             times[index].append(time.perf_counter() - start)
     return [statistics.median(samples) for samples in times]
 
 
 def profile_layers(source: ModelSource, batch_sizes: Sequence[int], seq_lens_tokens: Sequence[int] = (),
                    warmup: int = DEFAULT_WARMUP, repeats: int = DEFAULT_REPEATS, num_threads: int = 1,
-                   model=None) -> ModelLayerProfile:
-    """Time every layer of `source`'s layer view for each batch size x sequence length (text) or batch size (vision)."""
+                   model=None, device: torch.device | str = "cpu") -> ModelLayerProfile:
+    """Time every layer of `source`'s layer view for each batch size x sequence length (text) or batch size (vision),
+    on `device` (its layers and inputs moved there; CUDA synchronized around every timed layer)."""
     if not batch_sizes or min(batch_sizes) < 1:
         raise ValueError(f"batch_sizes must be a non-empty list of sizes >= 1, got {list(batch_sizes)}")
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(num_threads)
     try:
+        device = torch.device(device)
         model = model if model is not None else load_model(source)
-        layers = standalone_layers(model)
+        layers = [layer.to(device) for layer in standalone_layers(model)]
         vision = source.kind == "vision"
         if not vision and (not seq_lens_tokens or min(seq_lens_tokens) < 2):
             raise ValueError("seq_lens_tokens must be a non-empty list of lengths >= 2 for a text model, got "
@@ -279,14 +294,14 @@ def profile_layers(source: ModelSource, batch_sizes: Sequence[int], seq_lens_tok
         shapes = [(b, None) for b in batch_sizes] if vision else [(b, s) for b in batch_sizes for s in seq_lens_tokens]
         for number, (batch, seq) in enumerate(shapes, start=1):
             with torch.inference_mode():
-                inputs = [example_input(model, batch, seq)]
+                inputs = [example_input(model, batch, seq).to(device)]
                 for layer in layers:
                     inputs.append(layer(inputs[-1]))
                 hidden_tokens = inputs[1].hidden.shape[1] if inputs[1].hidden.dim() == 3 else seq
                 tokens_per_sequence = hidden_tokens if vision else None
                 key = shape_key(batch, seq if not vision else hidden_tokens)
                 input_bytes[key] = state_bytes(inputs[0])
-                seconds = interleaved_layer_times(layers, inputs, warmup, repeats)
+                seconds = interleaved_layer_times(layers, inputs, warmup, repeats, device)
             for index, measurement in enumerate(measurements):
                 measurement.latency_s[key] = seconds[index]
                 measurement.samples[key] = repeats
@@ -356,8 +371,8 @@ def measure_co_run_slowdown(source: ModelSource, batch_size: int, seq_len_tokens
     return slowdown
 
 
-class CommProbe(StageLinkEndpoint):
-    """A Ray actor body that relays activations over activation links and runs collectives for `profile_comm`."""
+class CommProbe(StageTransportEndpoint):
+    """A Ray actor body that relays activations over the stage transport and runs collectives for `profile_comm`."""
 
     def __init__(self, rank: int = 0, degree: int = 1):
         torch.set_num_threads(1)
@@ -434,7 +449,7 @@ def processes_cpu_s(pids: set[int]) -> float:
     return sum(seconds for seconds in map(process_cpu_s, pids) if seconds is not None)
 
 
-def _relay_latency_s(links: PipelineLinks, state: ActivationState, warmup: int, requests: int) -> float:
+def _relay_latency_s(links: PipelineTransport, state: ActivationState, warmup: int, requests: int) -> float:
     """Median wall seconds of one request relayed through `links`, requests one after another."""
     return _timed(lambda: links.submit(state).result(), warmup, requests)
 
@@ -445,13 +460,13 @@ def _relay_state(payload_bytes: int) -> ActivationState:
 
 def profile_link_sends(actors: Sequence, sizes_bytes: Sequence[int] = DEFAULT_COMM_SIZES_BYTES,
                        warmup: int = DEFAULT_WARMUP, requests: int = HOP_SEQUENTIAL_REQUESTS) -> AlphaBeta:
-    """Alpha-beta fit of handing an activation to the next pipeline stage as the runtime does, over an activation link
-    (`parallel.activation_links`): for each size, the slope of the sequential relay latency between chains of 1 and
-    2 `CommProbe` actors is one more hop (a frame out of one actor, into the next, and its relay loop)."""
+    """Alpha-beta fit of handing an activation to the next pipeline stage as the runtime does, over the stage transport
+    (`parallel.stage_transport`): for each size, the slope of the sequential relay latency between chains of 1 and 2
+    `CommProbe` actors is one more hop (a frame out of one actor, into the next, and its relay loop)."""
     short, long = HOP_CHAIN_LENGTHS
     if len(actors) < long:
         raise ValueError(f"profile_link_sends needs {long} actors, got {len(actors)}")
-    chains = {length: PipelineLinks([[actor] for actor in actors[:length]]) for length in HOP_CHAIN_LENGTHS}
+    chains = {length: PipelineTransport([[actor] for actor in actors[:length]]) for length in HOP_CHAIN_LENGTHS}
     sizes, hops = [], []
     try:
         for num_bytes in sizes_bytes:
@@ -471,7 +486,7 @@ def profile_hop_overhead(actors: Sequence, payload_bytes: int = DEFAULT_HOP_PAYL
                          warmup: int = DEFAULT_WARMUP) -> HopOverhead:
     """Per-hop overhead of the runtime (AlpaServe §3.3's communication overhead of inter-op parallelism, as a
     pipeline stage of this runtime really costs it): relay an ActivationState of `payload_bytes` through chains of 1
-    and 2 `CommProbe` actors over the group runtime's activation links (`parallel.activation_links.PipelineLinks`).
+    and 2 `CommProbe` actors over the group runtime's stage transport (`parallel.stage_transport.PipelineTransport`).
     Wall per hop and per request: slope and intercept of sequential request latency over the chain length. CPU per
     hop and per request: slope and intercept of the CPU time all processes of the Ray cluster (driver tree, the
     actors and their raylet) spend per request while `requests` are in flight, less what they spend anyway: their
@@ -488,7 +503,7 @@ def profile_hop_overhead(actors: Sequence, payload_bytes: int = DEFAULT_HOP_PAYL
     background = background_cpu_cores(pids) if pids is not None else 0.0
     latency_s, cpu_s = {}, {}
     for length in HOP_CHAIN_LENGTHS:
-        links = PipelineLinks([[actor] for actor in actors[:length]])
+        links = PipelineTransport([[actor] for actor in actors[:length]])
         try:
             latency_s[length] = _relay_latency_s(links, state, warmup, HOP_SEQUENTIAL_REQUESTS)
             if pids is None:
@@ -531,7 +546,7 @@ def profile_comm(degrees: Sequence[int] = (2,), sizes_bytes: Sequence[int] = DEF
                  repeats: int = DEFAULT_COMM_REPEATS, warmup: int = DEFAULT_WARMUP,
                  num_cpus_per_actor: float = COMM_PROBE_NUM_CPUS,
                  hop_payload_bytes: int = DEFAULT_HOP_PAYLOAD_BYTES) -> CommModel:
-    """Fit alpha-beta models of a send between pipeline stages over their activation links (`profile_link_sends`) and
+    """Fit alpha-beta models of a send between pipeline stages over the stage transport (`profile_link_sends`) and
     of gloo collectives over each degree, and measure the per-hop overhead (`profile_hop_overhead`) with an
     activation of `hop_payload_bytes` (Ray must be up)."""
     import ray

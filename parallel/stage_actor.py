@@ -2,10 +2,11 @@
 
 The actor builds the model named by a `ModelSource` without weights, reads from the checkpoint only the tensors of
 its stage's layers (`parallel.stage_layers.load_stage_layers`), keeps of each block only its shard's slices, and
-runs `forward` on its requests in arrival order (over the activation links); `memory_report` gives its resident
-memory around the load. The shards of one stage form a `torch.distributed` process group (gloo on CPU, nccl on
-GPU) for the collectives of the tensor-parallel blocks; every shard of a stage receives the same input and computes
-the same output, and only shard 0 sends it on.
+runs `forward` on its requests in arrival order (over the stage transport, `parallel.stage_transport`);
+`memory_report` gives its resident memory around the load. With a GPU in its bundle (and the cluster's device
+resource 'GPU') its layers and every input live on CUDA. The shards of one stage form a `torch.distributed` process
+group (gloo on CPU, nccl on GPU) for the collectives of the tensor-parallel blocks; every shard of a stage receives
+the same input and computes the same output, and only shard 0 sends it on.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ import torch
 
 from models.device import GPU_RESOURCE, select_device
 from models.layers import ActivationState, run_layers
-from parallel.activation_links import StageLinkEndpoint
 from parallel.plan import StagePlan
 from parallel.stage_layers import ModelSource, import_loader, load_stage_layers
+from parallel.stage_transport import StageTransportEndpoint
 from parallel.tensor_parallel import Collectives, NoCollectives, ProcessGroupCollectives
 
 logger = logging.getLogger(__name__)
@@ -58,9 +59,9 @@ def peak_resident_bytes() -> int | None:
     return _proc_status_bytes("VmHWM")
 
 
-class StageShard(StageLinkEndpoint):
+class StageShard(StageTransportEndpoint):
     """The body of a stage actor (a plain class so it can be wrapped by `ray.remote` with any options). Requests
-    reach `forward` over the group's activation links (`parallel.activation_links`) or as a Ray call."""
+    reach `forward` over the group's stage transport (`parallel.stage_transport`) or as a Ray call."""
 
     def __init__(self, source: ModelSource, stage: StagePlan, stage_index: int, rank: int, degree: int,
                  num_threads: int = 1, device_resource: str = GPU_RESOURCE):
@@ -79,7 +80,7 @@ class StageShard(StageLinkEndpoint):
         #: (start, end) wall times of the latest forward calls; bounded so a long-running server does not grow.
         self.calls: deque[tuple[float, float]] = deque(maxlen=CALL_LOG_LENGTH)
 
-    def link_label(self) -> str:
+    def transport_label(self) -> str:
         return f"stage {self.stage_index} shard {self.rank} of {self.source.name!r}"
 
     def setup(self, master_address: str | None = None, master_port: int | None = None) -> int:
@@ -133,16 +134,20 @@ class StageShard(StageLinkEndpoint):
         return self.setup()
 
     def forward(self, state: ActivationState) -> ActivationState | None:
-        """Run this stage on one batch; shards other than 0 return None (their output equals shard 0's)."""
+        """Run this stage on one batch, on this actor's device; shards other than 0 return None (their output
+        equals shard 0's). The output stays on the device: the stage transport moves it where its next hop wants it
+        (device to device between GPUs)."""
         if self.layers is None:
             raise RuntimeError(f"stage {self.stage_index} shard {self.rank} was not set up")
         started = time.time()
         with torch.inference_mode():
             out = run_layers(self.layers, state.to(self.device))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the call log holds when the kernels ended, not when they started
         self.calls.append((started, time.time()))
         if self.rank != 0:
             return None
-        return out.to(torch.device("cpu")) if self.device.type != "cpu" else out
+        return out
 
     def placement_info(self) -> dict[str, str | None]:
         """Where this shard computes: its torch device and its stage's collective backend (None unsharded)."""

@@ -18,7 +18,7 @@ REQUIRED_GPUS = 2
 MAX_ABS_DIFF = 1e-4  # fp32 on GPU: reduction order differs from the CPU's
 SEQ_LEN_TOKENS = 12
 
-pytestmark = [pytest.mark.ray,
+pytestmark = [pytest.mark.ray, pytest.mark.cuda,
               pytest.mark.skipif(torch.cuda.device_count() < REQUIRED_GPUS,
                                  reason=f"needs {REQUIRED_GPUS} GPUs (the nccl path of tensor-parallel stages)")]
 

@@ -78,7 +78,7 @@ def test_a_request_a_stage_fails_on_fails_alone_and_the_group_goes_on(group, tin
     with pytest.raises(GroupFailedError, match=r"stage 0 shard \d of 'tiny-bert' failed"):
         group.result(pending[1])
     assert _max_diff([group.result(pending[2])], expected[1:2]) <= MAX_ABS_DIFF
-    assert group.links.broken is None
+    assert group.transport.broken is None
 
 
 def test_no_answer_within_the_timeout_is_a_group_failure_naming_it(group):
@@ -99,7 +99,7 @@ def _process_gone(pid: int) -> bool:
 
 def _kill_and_wait(actor, timeout_s: float = KILL_TIMEOUT_S) -> None:
     """Kill `actor` and wait until its process is gone. `ray.kill` returns at once, and Ray reports the actor dead
-    before its process exits: a request over the activation links (which bypass Ray) could still pass through it."""
+    before its process exits: a request over the stage transport (which bypasses Ray) could still pass through it."""
     from ray.exceptions import RayActorError
 
     pid = ray.get(actor.ping.remote())
