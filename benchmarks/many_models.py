@@ -22,11 +22,12 @@ Systems, each at every rate of the sweep:
   (`placement.alpaserve.serve_baselines`: its routing, `@serve.batch`, no admission).
 * `serve_multiplexed`: one multiplexed deployment per architecture (`@serve.multiplexed`, k = the models of that
   architecture a device holds), LRU swaps at `--swap-load-s` (default: each model's bytes over a PCIe 3.0 x16
-  host-to-device rate, an estimate until the live step measures the load time).
+  host-to-device rate: an estimate, for the live step to replace with the load time it measures).
 
-Every system batches up to the same size: the largest batch whose latency is within every model's SLO, at most Serve's
-default `max_batch_size` (10); Serve's replicas wait at most Serve's default `batch_wait_timeout_s` and accept
-2 x that batch size (`max_ongoing_requests`), so a full batch can queue behind a running one.
+Every system batches up to the same size: the largest batch a request can wait behind and still meet its SLO in a
+batch of its own (twice its latency within every model's SLO), at most Serve's default `max_batch_size` (10); Serve's
+replicas wait at most Serve's default `batch_wait_timeout_s` and accept 2 x that batch size (`max_ongoing_requests`),
+so a full batch can queue behind a running one.
 
 Figures: per system and rate, SLO attainment, goodput (requests within SLO per second), p50 / p99 latency of the
 answered requests and swaps; per system the highest rate of the grid up to which it holds 99 % attainment
@@ -164,11 +165,12 @@ def build_case(settings: CaseSettings):
 
 
 def batch_limit(profiles, names, slo_scale: float) -> int:
-    """The largest batch whose single-device latency is within every model's SLO, at most Serve's default."""
+    """The largest batch that a request can wait behind and still meet its SLO in a batch of its own (two full
+    batches' single-device latency within every model's SLO), at most Serve's default `max_batch_size`; at least 1."""
     size = 1
     for b in range(2, SERVE_DEFAULT_MAX_BATCH_SIZE + 1):
-        if all(profiles.models[n].single_device_latency(b) <= slo_scale * profiles.models[n].single_device_latency()
-               for n in names):
+        if all(2 * profiles.models[n].single_device_latency(b)
+               <= slo_scale * profiles.models[n].single_device_latency() for n in names):
             size = b
     return size
 

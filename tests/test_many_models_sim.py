@@ -203,15 +203,17 @@ def test_workload_is_deterministic_by_seed_and_slo_scaled():
 
 # ---- the cluster case, small --------------------------------------------------------------------------------------
 def test_cluster_case_direction_on_a_small_instance():
-    """On a small mix (2 x 3 Table 1 models, 8 devices), plexserve's placement holds at least the rate of
-    multiplexing and of one deployment per model."""
+    """On a small mix (2 x 3 Table 1 models, 8 devices, bursty traffic), plexserve's placement holds 99 % SLO
+    attainment to a higher rate than Serve's multiplexing and one deployment per model, and no lower than SR."""
     sys.path.insert(0, str(_repo_root()))
     from benchmarks.many_models import CaseSettings, run_sweep
 
     settings = CaseSettings(architectures=("bert-1.3b", "bert-2.7b", "moe-1.3b"), instances=2, num_devices=8,
-                            duration_s=120.0, rates=(2.0, 4.0, 8.0, 16.0))
+                            duration_s=120.0, rates=(4.0, 8.0, 16.0))
     result = run_sweep(settings)
     held = result["rate_at_99"]
     assert held["plexserve"] is not None
     for other in ("serve_multiplexed", "serve_deployments"):
-        assert held[other] is None or held["plexserve"] >= held[other]
+        assert held[other] is None or held["plexserve"] > held[other]
+    assert held["sr"] is None or held["plexserve"] >= held["sr"]
+    assert all(len(curve) >= 1 for curve in result["curves"].values())
