@@ -7,7 +7,7 @@ splits a total rate over models; length distributions draw per-request input len
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, Sequence
 
 import numpy as np
@@ -188,3 +188,131 @@ def gamma_workload(model_names: Sequence[str], total_rate: float, cv: float, slo
     slos = np.broadcast_to(np.asarray(slo_s, dtype=float), (n,))
     traffic = [ModelTraffic(GammaProcess(total_rate * share, cv), float(slo)) for share, slo in zip(shares, slos)]
     return generate_workload(model_names, traffic, duration_s, seed)
+
+
+#: Arrivals of a renewal process drawn before a trace starts, so the trace sees the process in its steady state.
+STATIONARY_BURN_IN_ARRIVALS = 100.0
+
+
+@dataclass(frozen=True)
+class ShiftingPopularity:
+    """Open-loop traffic for many models whose hot models change mid-run: each model's arrivals are a Gamma renewal
+    process (AlpaServe §3.2 / §6.2: rate and CV of the inter-arrival times), the models' rates follow a power law over
+    their popularity ranks (Zipf-like, AlpaServe §6.3), and at `shift_at_s` the ranks are rotated by
+    `rank_rotation` (default: half the models), so the hot models become middling and middling ones hot. Each
+    model's SLO is given per model (AlpaServe §6.2's SLO scale: `with_slo_scale`).
+
+    Which model holds which rank is a seeded permutation (`order_seed`), fixed for the traffic; `workload(seed)`
+    draws one realisation of the arrivals (one child seed per model and segment), so a planning and a held-out
+    realisation share the popularity and differ in their arrivals."""
+
+    model_names: tuple[str, ...]
+    total_rate_per_s: float
+    cv: float
+    slo_s: tuple[float, ...]
+    duration_s: float
+    popularity_exponent: float = 1.0
+    shift_at_s: float | None = None
+    rank_rotation: int | None = None
+    order_seed: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "model_names", tuple(self.model_names))
+        object.__setattr__(self, "slo_s", tuple(float(s) for s in self.slo_s))
+        n = len(self.model_names)
+        if n < 1:
+            raise ValueError("model_names: at least one model")
+        if len(set(self.model_names)) != n:
+            raise ValueError("model_names: a model is named twice")
+        if len(self.slo_s) != n:
+            raise ValueError(f"slo_s has {len(self.slo_s)} entries for {n} models")
+        if any(not s > 0 for s in self.slo_s):
+            raise ValueError("slo_s: every SLO must be > 0 seconds")
+        if not self.total_rate_per_s > 0:
+            raise ValueError(f"total_rate_per_s={self.total_rate_per_s}: must be > 0")
+        if not self.cv > 0:
+            raise ValueError(f"cv={self.cv}: must be > 0")
+        if not self.duration_s > 0:
+            raise ValueError(f"duration_s={self.duration_s}: must be > 0")
+        if self.popularity_exponent < 0:
+            raise ValueError(f"popularity_exponent={self.popularity_exponent}: must be >= 0")
+        if self.shift_at_s is not None and not 0 < self.shift_at_s < self.duration_s:
+            raise ValueError(f"shift_at_s={self.shift_at_s}: must lie inside (0, duration_s={self.duration_s})")
+
+    @classmethod
+    def with_slo_scale(cls, model_names: Sequence[str], single_latency_s: Sequence[float], slo_scale: float,
+                       **fields) -> "ShiftingPopularity":
+        """Each model's SLO = `slo_scale` x its single-request latency (AlpaServe §6.2 'SLO scale')."""
+        if not slo_scale > 0:
+            raise ValueError(f"slo_scale={slo_scale}: must be > 0")
+        if len(single_latency_s) != len(model_names):
+            raise ValueError(f"{len(single_latency_s)} latencies for {len(model_names)} models")
+        return cls(model_names=tuple(model_names), slo_s=tuple(slo_scale * float(s) for s in single_latency_s),
+                   **fields)
+
+    @property
+    def rotation(self) -> int:
+        return len(self.model_names) // 2 if self.rank_rotation is None else self.rank_rotation % len(self.model_names)
+
+    def ranks_before(self) -> np.ndarray:
+        """Each model's popularity rank before the shift (0: hottest), a permutation drawn from `order_seed`."""
+        return np.random.default_rng(self.order_seed).permutation(len(self.model_names))
+
+    def ranks_after(self) -> np.ndarray:
+        """Each model's rank after the shift: its rank before, rotated by `rotation` (the same without a shift)."""
+        if self.shift_at_s is None:
+            return self.ranks_before()
+        return (self.ranks_before() + self.rotation) % len(self.model_names)
+
+    def _rates(self, ranks: np.ndarray) -> np.ndarray:
+        return self.total_rate_per_s * power_law_popularity(len(self.model_names), self.popularity_exponent)[ranks]
+
+    def rates_before(self) -> np.ndarray:
+        """Requests per second of each model before the shift."""
+        return self._rates(self.ranks_before())
+
+    def rates_after(self) -> np.ndarray:
+        """Requests per second of each model after the shift."""
+        return self._rates(self.ranks_after())
+
+    def mean_rates(self) -> np.ndarray:
+        """Each model's rate averaged over the whole duration."""
+        if self.shift_at_s is None:
+            return self.rates_before()
+        share = self.shift_at_s / self.duration_s
+        return share * self.rates_before() + (1 - share) * self.rates_after()
+
+    def hot_models(self, count: int, after_shift: bool = False) -> list[str]:
+        """The `count` most popular models, hottest first, before (or after) the shift."""
+        ranks = self.ranks_after() if after_shift else self.ranks_before()
+        return [self.model_names[i] for i in np.argsort(ranks)[:count]]
+
+    def scaled(self, rate_factor: float) -> "ShiftingPopularity":
+        """The same traffic at `rate_factor` times the total rate."""
+        if not rate_factor > 0:
+            raise ValueError(f"rate_factor={rate_factor}: must be > 0")
+        return replace(self, total_rate_per_s=self.total_rate_per_s * rate_factor)
+
+    def workload(self, seed: int = 0) -> Workload:
+        """One realisation of the arrivals, sorted, every request with its model's SLO.
+
+        Each model's arrivals are one Gamma renewal process of rate 1 and CV `cv` in operational time, mapped onto
+        the clock through the model's cumulative rate (rate before the shift, then after it), so the process runs on
+        across the shift; it starts `STATIONARY_BURN_IN_ARRIVALS` arrivals before the trace, so the trace sees it in
+        its steady state (a bursty renewal process started at an arrival carries (CV^2 - 1) / 2 extra arrivals)."""
+        names = list(self.model_names)
+        before, after = self.rates_before(), self.rates_after()
+        shift = self.duration_s if self.shift_at_s is None else self.shift_at_s
+        parts = []
+        for m, child in enumerate(np.random.SeedSequence(seed).spawn(len(names))):
+            rng = np.random.default_rng(child)
+            horizon = before[m] * shift + after[m] * (self.duration_s - shift)  # operational time of the trace
+            burn_in = STATIONARY_BURN_IN_ARRIVALS
+            ticks = GammaProcess(1.0, self.cv).generate(-burn_in, burn_in + horizon, rng)
+            ticks = ticks[ticks >= 0.0]
+            head = before[m] * shift
+            arrivals = np.where(ticks < head, ticks / before[m], shift + (ticks - head) / max(after[m], 1e-300))
+            arrivals = arrivals[arrivals < self.duration_s]
+            parts.append(Workload(names, arrivals, np.full(len(arrivals), m), np.full(len(arrivals),
+                                                                                         self.slo_s[m])))
+        return Workload.merge(parts)
