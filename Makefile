@@ -8,7 +8,7 @@ export TRANSFORMERS_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: install serve test docs
+.PHONY: install serve test test-unit docs
 
 # Stops before installing, in one line, when the interpreter is not the Python that pyproject.toml requires.
 PYTHON_CHECK := import sys; v = sys.version_info; sys.exit(0 if v[:2] == (3, 11) else \
@@ -37,6 +37,10 @@ test: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mkdocs build --strict --site-dir site
 	RAY_AUTH_MODE=disabled $(VENV)/bin/pytest -q
+
+# The quick part: tests/unit/ starts no Ray.
+test-unit: install
+	RAY_AUTH_MODE=disabled $(VENV)/bin/pytest -q tests/unit
 
 # Regenerates the docs pages read from code and data (docs/gen_docs.py), then builds the site into site/.
 docs: install

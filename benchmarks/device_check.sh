@@ -8,7 +8,7 @@
 #   cuda-tests       pytest -m cuda (the tests that need a GPU; each skips cleanly without one)
 #   serve_e2e        benchmarks/serve_e2e.py --quick --device cuda (fast ingress, 1 and 16 clients, no overload)
 #   parallel_runtime benchmarks/parallel_runtime.py --quick --device cuda
-#   many_models      benchmarks/many_models.py --quick (when that file exists)
+#   many_models      benchmarks/many_models.py --sim-only --quick (the live comparison is not built yet)
 # Each step's stdout (a benchmark's final JSON line) goes to <out>/<step>.out, its stderr to <out>/<step>.err, and
 # <out>/summary.txt holds one line per step: its name, exit status and seconds. <out> is $OUT when set (the device
 # tool's output folder), else benchmarks/out/device_check/. The exit status is 0 when every step passed.
@@ -38,12 +38,12 @@ OUT_DIR="${OUT:-$ROOT/benchmarks/out/device_check}"
 
 # name | seconds allowed | command (arguments split on spaces)
 STEPS=(
-    "cuda-tests|120|$PYTHON -m pytest -q -m cuda tests"
+    "cuda-tests|90|$PYTHON -m pytest -q -m cuda tests"
     "serve_e2e|150|$PYTHON benchmarks/serve_e2e.py --quick --device cuda --ingress fast_ingress --clients 1 16 --skip-overload"
-    "parallel_runtime|150|$PYTHON benchmarks/parallel_runtime.py --quick --device cuda"
+    "parallel_runtime|120|$PYTHON benchmarks/parallel_runtime.py --quick --device cuda"
 )
 if [[ -f benchmarks/many_models.py ]]; then
-    STEPS+=("many_models|60|$PYTHON benchmarks/many_models.py --quick")
+    STEPS+=("many_models|120|$PYTHON benchmarks/many_models.py --sim-only --quick")
 fi
 
 check_step() {  # name, command: does it exist and accept its arguments?

@@ -232,7 +232,7 @@ class TokenAllocationParams(BaseModel):
         utility (ties: the earlier clock), and Alg. 3's gamma from f(q) alone (max(L) above kappa). The project
         default keeps up to 32 Pareto labels per cell, a superset of the paper's label: never less expected utility
         per plan (the single label can miss the optimum when a prefix with more utility finishes too late for later
-        batches; tests/test_otas_policies.py solves one by hand); and Alg. 3 uses the queue's slack
+        batches; tests/unit/test_otas_policies.py solves one by hand); and Alg. 3 uses the queue's slack
         (`use_queue_slack`): on a fluctuating trace, f(q) alone merges batches that gamma 0 would serve in time,
         and loses accuracy for nothing (benchmarks/paper_claims.py compares the two)."""
         return cls(**{**cls.PAPER_VALUES, **overrides})

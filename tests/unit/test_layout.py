@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: Every package of the project (each top-level folder with an `__init__.py`): their import graph is acyclic.
 ACYCLIC_PACKAGES = tuple(sorted(path.parent.name for path in ROOT.glob("*/__init__.py")))
 #: placement's system packages: each builds on placement.core and imports none of the others.

@@ -10,7 +10,7 @@ import yaml
 from placement.core.deployment_spec import parse_spec
 from rayserve_apps.contracts import APP_IMPORT_PATH
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)

@@ -1,5 +1,6 @@
 """plexserve's serving mode (`rayserve_apps.fast_ingress`): the environment `make serve` starts Ray with, and the
-wrapper that keeps Serve's HAProxy on the loopback interface. (The mode end to end: tests/test_local_config.py.)"""
+wrapper that keeps Serve's HAProxy on the loopback interface. (The mode end to end:
+tests/integration/test_local_config.py.)"""
 
 import re
 import subprocess
@@ -9,7 +10,7 @@ import pytest
 
 from rayserve_apps.fast_ingress import FAST_INGRESS_ENV, LOOPBACK_WRAPPER, haproxy_binary, local_env, main
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 #: Lines as Serve's HAProxy template renders them (ray/serve/_private/haproxy_templates.py).
 SERVE_CONFIG = """frontend prometheus

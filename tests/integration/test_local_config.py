@@ -24,7 +24,7 @@ from rayserve_apps.control.live_update import apply_config
 
 pytestmark = pytest.mark.ray
 
-CONFIG = Path(__file__).resolve().parent.parent / "configs" / "local.yaml"
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "local.yaml"
 TEXTS = ["plexserve serves many transformer models", "word " * 100]
 
 
