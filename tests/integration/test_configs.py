@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from repo_paths import REPO_ROOT
 
 from placement.core.deployment_spec import parse_spec
 from rayserve_apps.contracts import APP_IMPORT_PATH
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = REPO_ROOT / "configs"
 
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)

@@ -7,10 +7,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from repo_paths import REPO_ROOT
 
 from rayserve_apps.fast_ingress import FAST_INGRESS_ENV, LOOPBACK_WRAPPER, haproxy_binary, local_env, main
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = REPO_ROOT
 
 #: Lines as Serve's HAProxy template renders them (ray/serve/_private/haproxy_templates.py).
 SERVE_CONFIG = """frontend prometheus

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 from ray import serve
+from repo_paths import REPO_ROOT
 
 from models import load_text_encoder
 from models.task_registry import DIGITS_ARTIFACTS_DIR, TaskRegistry
@@ -24,7 +25,7 @@ from rayserve_apps.control.live_update import apply_config
 
 pytestmark = pytest.mark.ray
 
-CONFIG = Path(__file__).resolve().parents[2] / "configs" / "local.yaml"
+CONFIG = REPO_ROOT / "configs" / "local.yaml"
 TEXTS = ["plexserve serves many transformer models", "word " * 100]
 
 

@@ -10,6 +10,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from repo_paths import REPO_ROOT
+
 #: Folders never searched when git is not available (virtual environments, built docs and packages).
 SKIPPED_DIRS = {".venv", "venv", "site", "build", "dist", ".git", "__pycache__", "node_modules"}
 #: Folders (relative to the repository root) whose files may hold dates.
@@ -18,12 +20,6 @@ EXEMPT_PREFIXES = ("tests/fixtures/",)
 DATE = re.compile("20" + r"[0-9]{2}" + "-" + r"[0-9]{2}" + "-" + r"[0-9]{2}")
 
 
-def repo_root() -> Path:
-    """The nearest folder above this file that holds `pyproject.toml`."""
-    for folder in Path(__file__).resolve().parents:
-        if (folder / "pyproject.toml").is_file():
-            return folder
-    raise RuntimeError(f"no pyproject.toml above {__file__}")
 
 
 def python_files(root: Path) -> list[str]:
@@ -50,7 +46,7 @@ def dated_lines(root: Path, names: list[str]) -> list[str]:
 
 
 def test_no_python_file_holds_a_date():
-    root = repo_root()
+    root = REPO_ROOT
     names = python_files(root)
     assert any(name.startswith("placement/") for name in names)  # the listing sees the packages
     found = dated_lines(root, names)

@@ -8,12 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from repo_paths import REPO_ROOT
+
 DRY_RUN_TIMEOUT_S = 300
 
 
-def _repo_root() -> Path:
-    here = Path(__file__).resolve()
-    return next(parent for parent in here.parents if (parent / "pyproject.toml").exists())
 
 
 def _run(*args: str, out: Path | None = None) -> subprocess.CompletedProcess:
@@ -21,7 +20,7 @@ def _run(*args: str, out: Path | None = None) -> subprocess.CompletedProcess:
     env.pop("OUT", None)
     if out is not None:
         env["OUT"] = str(out)
-    return subprocess.run(["bash", str(_repo_root() / "benchmarks" / "device_check.sh"), *args], env=env,
+    return subprocess.run(["bash", str(REPO_ROOT / "benchmarks" / "device_check.sh"), *args], env=env,
                           capture_output=True, text=True, timeout=DRY_RUN_TIMEOUT_S)
 
 
@@ -35,7 +34,7 @@ def test_the_dry_run_checks_every_step_and_prints_the_plan(tmp_path):
     assert any("-m pytest -q -m cuda tests" in line for line in lines)
     assert any("serve_e2e.py --quick --device cuda" in line for line in lines)
     assert any("parallel_runtime.py --quick --device cuda" in line for line in lines)
-    many_models = (_repo_root() / "benchmarks" / "many_models.py").exists()
+    many_models = (REPO_ROOT / "benchmarks" / "many_models.py").exists()
     assert any(line.startswith("plan: many_models") for line in lines)
     assert any(line.startswith("check: many_models: ") for line in lines) == many_models
     total = next(line for line in lines if line.startswith("plan: at most "))

@@ -9,16 +9,9 @@ import re
 from pathlib import Path
 
 import pytest
+from repo_paths import REPO_ROOT
 
-
-def _repo_root() -> Path:
-    for folder in Path(__file__).resolve().parents:
-        if (folder / "pyproject.toml").is_file():
-            return folder
-    raise FileNotFoundError("no pyproject.toml above this test")
-
-
-ROOT = _repo_root()
+ROOT = REPO_ROOT
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
 

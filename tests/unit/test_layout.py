@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from repo_paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 #: Every package of the project (each top-level folder with an `__init__.py`): their import graph is acyclic.
 ACYCLIC_PACKAGES = tuple(sorted(path.parent.name for path in ROOT.glob("*/__init__.py")))
 #: placement's system packages: each builds on placement.core and imports none of the others.

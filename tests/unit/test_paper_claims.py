@@ -7,20 +7,11 @@ from __future__ import annotations
 
 import logging
 import sys
-from pathlib import Path
 
 import pytest
+from repo_paths import REPO_ROOT
 
-
-def _repo_root() -> Path:
-    here = Path(__file__).resolve()
-    for folder in here.parents:
-        if (folder / "pyproject.toml").exists():
-            return folder
-    raise RuntimeError("no pyproject.toml above the tests")
-
-
-sys.path.insert(0, str(_repo_root()))
+sys.path.insert(0, str(REPO_ROOT))
 
 from benchmarks import paper_claims as pc  # noqa: E402
 
