@@ -11,8 +11,12 @@
     python -m parallel configs --layers profiles/layers.json --group-sizes 1 2 4 \\
         --seq-len all-minilm-l6-v2=32 --memory-budget-bytes 16e9 --out profiles/measured.json
 
-`configs` writes a `placement.core.profiles.ProfileSet` (source 'measured'), each configuration with the plan the
-passes chose (stage layer boundaries, shard layout) that group replicas run, and prints one line per configuration.
+    # every model of a deployment spec, both steps in one (parallel/spec_profiles.py)
+    python -m parallel profile-spec configs/many_models.yaml --out configs/profiles/many-models-measured.json
+
+`configs` and `profile-spec` write a `placement.core.profiles.ProfileSet` (source 'measured'), each configuration with
+the plan the passes chose (stage layer boundaries, shard layout) that group replicas run, and prints one line per
+configuration.
 """
 
 from __future__ import annotations
@@ -110,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--seq-len", nargs="*", help="NAME=TOKENS: sequence length to plan text models at")
     c.add_argument("--memory-budget-bytes", type=float, default=math.inf)
     c.add_argument("--out", required=True)
+    from parallel import spec_profiles
+
+    ps = sub.add_parser("profile-spec", help="profiles of every model of a deployment spec, for its planner")
+    spec_profiles.add_arguments(ps)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     if args.command == "profile":
@@ -118,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.text or args.vision) and args.no_comm:
             parser.error("nothing to profile: give --text/--vision, or drop --no-comm")
         return _profile(args)
+    if args.command == "profile-spec":
+        return spec_profiles.run(args)
     return _configs(args)
 
 

@@ -38,7 +38,7 @@ from parallel.comm_model import AlphaBeta, CommModel, HopOverhead, fit_alpha_bet
 from parallel.intra_op import BlockShape
 from parallel.stage_layers import ModelSource, example_input, load_model, standalone_layers
 from parallel.stage_transport import PipelineTransport, StageTransportEndpoint
-from parallel.tensor_parallel import BlockParts, bert_block_parts, vit_block_parts
+from parallel.tensor_parallel import BlockParts, text_block_parts, vit_block_parts
 
 logger = logging.getLogger(__name__)
 
@@ -285,7 +285,7 @@ def profile_layers(source: ModelSource, batch_sizes: Sequence[int], seq_lens_tok
         for index, layer in enumerate(layers):
             measurement = LayerMeasurement(index=index, kind=layer.kind, weight_bytes=parameter_bytes(layer))
             if layer.kind == "block":
-                parts = bert_block_parts(layer.block) if source.kind == "text" else vit_block_parts(layer.block)
+                parts = text_block_parts(layer.block) if source.kind == "text" else vit_block_parts(layer.block)
                 measurement.block_shape = _block_shape(parts)
                 measurement.other_weight_bytes = max(0, measurement.weight_bytes - _linear_bytes(parts))
             measurements.append(measurement)

@@ -21,7 +21,12 @@ from typing import TYPE_CHECKING, Callable, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from models.adaptive_vit_layers import AdaptiveBlockLayer, load_adaptive_backbone
+from models.adaptive_vit_layers import (
+    AdaptiveBackbone,
+    AdaptiveBlockLayer,
+    adaptive_input_state,
+    load_adaptive_backbone,
+)
 from models.layers import ActivationState, Layer, run_layers
 from models.mpnet_layers import MPNetBlockLayer
 from models.partial_load import CheckpointTensors, load_named, meta_tensor_names, tensor_names
@@ -266,6 +271,8 @@ def example_input(model, batch_size: int, seq_len_tokens: int | None = None, see
     generator = torch.Generator().manual_seed(seed)
     if getattr(model, "kind", None) == "vision":
         images = torch.randn(batch_size, model.in_chans, *model.image_size, generator=generator)
+        if isinstance(model, AdaptiveBackbone):  # a token-adaptation backbone, measured at gamma 0 (the plain pass)
+            return adaptive_input_state(images, 0, None)
         return ActivationState(hidden=images)
     if seq_len_tokens is None or seq_len_tokens < 2:
         raise ValueError(f"seq_len_tokens must be >= 2 for a text model, got {seq_len_tokens}")

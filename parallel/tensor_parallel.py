@@ -237,6 +237,26 @@ def bert_block_parts(block: nn.Module) -> BlockParts:
     )
 
 
+def mpnet_block_parts(block: nn.Module) -> BlockParts:
+    """Parts of a Hugging Face MPNet layer (MPNetLayer): its shapes for the profiler and the intra-op pass. MPNet's
+    per-head relative position bias is not among them, so its blocks are never sharded (`shard_block_layer`)."""
+    attention = block.attention.attn
+    q, k, v = attention.q, attention.k, attention.v
+    return BlockParts(
+        qkv_weight=torch.cat([q.weight, k.weight, v.weight]).detach(),
+        qkv_bias=torch.cat([q.bias, k.bias, v.bias]).detach(),
+        attn_out=attention.o, fc1=block.intermediate.dense, act=block.intermediate.intermediate_act_fn,
+        fc2=block.output.dense, num_heads=attention.num_attention_heads, head_dim=attention.attention_head_size,
+        scale=attention.attention_head_size ** -0.5, norm_first=False, norm1=block.attention.LayerNorm,
+        norm2=block.output.LayerNorm, ls1=nn.Identity(), ls2=nn.Identity(),
+    )
+
+
+def text_block_parts(block: nn.Module) -> BlockParts:
+    """Parts of a text encoder's block: an MPNet layer or a BERT-family layer."""
+    return mpnet_block_parts(block) if hasattr(block.attention, "attn") else bert_block_parts(block)
+
+
 def vit_block_parts(block: nn.Module) -> BlockParts:
     """Parts of a timm ViT block (timm.models.vision_transformer.Block)."""
     attn, mlp = block.attn, block.mlp
