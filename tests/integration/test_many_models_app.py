@@ -16,6 +16,7 @@ import torch.nn.functional as F
 import yaml
 from ray import serve
 from repo_paths import REPO_ROOT
+from waiting import wait_until
 
 from models.packaged import packaged_model_available
 from models.text_encoder import load_text_encoder
@@ -52,7 +53,12 @@ def app(ray_serve):
 
 
 def test_the_planned_placement_hosts_every_model_within_device_memory(app):
-    layout = requests.get(f"{app['url']}/v1/placement", timeout=120).json()
+    def reported() -> dict | None:
+        # A group still loading its models may not report in time ("unavailable"): wait until every group does.
+        layout = requests.get(f"{app['url']}/v1/placement", timeout=120).json()
+        return layout if all("models" in group for group in layout["groups"]) else None
+
+    layout = wait_until(reported, timeout_s=120, interval_s=1, message="a group never reported its models")
     placed = {name for group in layout["groups"] for name in group["models"]}
     assert placed == set(TEXT_MODELS) | {"digits-vit"}
     profiles = ProfileSet.load(app["spec"]["planning"]["profiles"]["path"])
