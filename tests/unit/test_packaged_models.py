@@ -171,3 +171,20 @@ def test_packaged_mpnet_embeds_as_transformers_does():
     torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-6)
     similar, unrelated = ours[0] @ encoder.embed(["many models served on shared GPUs"])[0], ours[0] @ ours[1]
     assert similar > unrelated + 0.2  # real weights: a paraphrase is closer than an unrelated text
+
+
+@needs_mpnet
+def test_packaged_mpnet_stages_read_only_their_tensors_and_compose_to_the_whole_model():
+    from parallel.stage_layers import ModelSource, example_input, load_model, load_stage_layers
+
+    source = ModelSource(name="mpnet", kind="text", source="package:all-mpnet-base-v2")
+    whole = load_model(source)
+    state = example_input(whole, batch_size=2, seq_len_tokens=12)
+    single = ThreadCollectives.group(1)[0]
+    first, second = load_stage_layers(source, 0, 7, single), load_stage_layers(source, 7, 13, single)
+    # Each stage holds its blocks and the shared relative-position table, not the other stage's blocks.
+    assert first.weight_bytes + second.weight_bytes < whole.weight_bytes() + 2 * 2**20
+    with torch.inference_mode():
+        expected = run_layers(whole.layers()[:13], state).hidden
+        staged = run_layers(second.layers, run_layers(first.layers, state)).hidden
+    torch.testing.assert_close(staged, expected)
