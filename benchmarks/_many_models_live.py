@@ -512,8 +512,16 @@ def sim_predictions(case: LiveCase, workload: Workload) -> dict:
 
 
 def swap_rate(loads: list[dict]) -> dict | None:
-    """The multiplexed replicas' measured model loads: median seconds and median bytes per second."""
+    """The multiplexed replicas' measured model loads: median seconds and median bytes per second. A replica's
+    first load also imports the model library; its later loads (the swaps) are used where there are any."""
     usable = [entry for entry in loads if entry.get("load_s", 0) > 0]
+    seen: set = set()
+    later = []
+    for entry in usable:
+        if entry.get("pid") in seen:
+            later.append(entry)
+        seen.add(entry.get("pid"))
+    usable = later or usable
     if not usable:
         return None
     return {"loads": len(usable), "median_load_s": float(np.median([e["load_s"] for e in usable])),
