@@ -66,6 +66,8 @@ TEXT_WORDS = 20
 ATTAINMENT_GOAL = 0.99
 #: Share of the fault phase at which one replica is killed.
 KILL_AT_FRACTION = 1.0 / 3.0
+#: Requests in a row to the killed replica's models answered within their SLOs that count as served again.
+RECOVERED_AFTER = 3
 #: Order of the popularity ranks, and the seeds of the realisations replayed per rate / in the fault phase.
 ORDER_SEED, TRACE_SEED, FAULT_SEED = 5, 2, 3
 
@@ -241,14 +243,21 @@ def rate_at_goal(curve: list[dict], goal: float = ATTAINMENT_GOAL) -> float | No
 def fault_figures(outcomes: Outcomes, kill_at_s: float, victims: set[int]) -> dict:
     """After one replica is killed at `kill_at_s` (s from the trace start; `victims`: indices of the models it
     hosted): `lost_accepted`, the requests neither answered nor refused, beyond those that were in flight for the
-    victim's models at the kill; `in_flight_at_kill`; `recovery_s`, seconds from the kill to the arrival of the last
-    victim-model request that was not answered within its SLO (0: none missed)."""
+    victim's models at the kill; `in_flight_at_kill`; `recovery_s`, seconds from the kill to the arrival of the first
+    victim-model request from which RECOVERED_AFTER in a row are answered within their SLOs (0: no miss after the
+    kill; None: not within the phase)."""
     finish = outcomes.arrival_s + np.where(np.isfinite(outcomes.latency_s), outcomes.latency_s, np.inf)
     victim = np.isin(outcomes.model, sorted(victims))
     in_flight = victim & (outcomes.arrival_s <= kill_at_s) & (finish >= kill_at_s)
     failed = (outcomes.status != 200) & ~np.isin(outcomes.status, REFUSAL_STATUSES)
-    missed_after = victim & (outcomes.arrival_s > kill_at_s) & ~outcomes.good
-    recovery = float(outcomes.arrival_s[missed_after].max() - kill_at_s) if missed_after.any() else 0.0
+    after = np.flatnonzero(victim & (outcomes.arrival_s > kill_at_s))
+    after = after[np.argsort(outcomes.arrival_s[after], kind="stable")]
+    good = outcomes.good[after]
+    recovery = None  # censored: the phase ended before the victim's models were served again
+    for k in range(len(after)):
+        if good[k:k + RECOVERED_AFTER].all():
+            recovery = 0.0 if k == 0 else float(outcomes.arrival_s[after[k]] - kill_at_s)
+            break
     return {"lost_accepted": int((failed & ~in_flight).sum()), "in_flight_at_kill": int(in_flight.sum()),
             "failed_in_flight": int((failed & in_flight).sum()), "recovery_s": recovery,
             "fault_phase": figures(outcomes, float(outcomes.arrival_s.max(initial=0.0)) or 1.0)}
@@ -533,6 +542,7 @@ def combine(runs: dict[str, dict], case: LiveCase, settings: SessionSettings, wi
     rate at 99 %, the ratios and the fault figures."""
     curves: dict[str, list] = {}
     gaps = []
+    predictions: dict[float, dict] = {}  # per rate: the traces are the same for every system
     for system, result in runs.items():
         curve = []
         for point in result["points"]:
@@ -541,7 +551,9 @@ def combine(runs: dict[str, dict], case: LiveCase, settings: SessionSettings, wi
             if with_sim:
                 traffic = live_traffic(case, point["rate_per_s"], settings.duration_s, settings.cv,
                                        settings.popularity_exponent, settings.slo_scale)
-                predicted = sim_predictions(case, traffic.workload(TRACE_SEED))
+                if point["rate_per_s"] not in predictions:
+                    predictions[point["rate_per_s"]] = sim_predictions(case, traffic.workload(TRACE_SEED))
+                predicted = predictions[point["rate_per_s"]]
                 row["sim"] = predicted
                 if system == "plexserve":
                     row["sim_abs_gap"] = abs(predicted["plexserve"] - row["attainment"])
@@ -572,9 +584,23 @@ def combine(runs: dict[str, dict], case: LiveCase, settings: SessionSettings, wi
             "attainment_gain_min": min(gains) if gains else None,
             "sim_live_abs_gap_max": max(gaps) if gaps else None,
             "lost_accepted": max((f["lost_accepted"] for f in faults.values()), default=None),
-            "recovery_s": max((f["recovery_s"] for f in faults.values()), default=None),
+            "recovery_s": _worst_recovery([f["recovery_s"] for f in faults.values()]),
             "faults": faults, "swap": swaps,
             "deploy_s": {s: r.get("deploy_s") for s, r in runs.items()}}
+
+
+def _worst_recovery(values: list) -> float | None:
+    """The longest recovery of the systems; None when one did not recover within its fault phase (or none ran)."""
+    return None if not values or any(v is None for v in values) else max(values)
+
+
+def no_rate_at_goal_message(rate_at_99: dict, lowest_rate: float) -> str | None:
+    """The message for a sweep on which some system never held the goal (None: every system held it)."""
+    missing = [system for system, rate in rate_at_99.items() if rate is None]
+    if not missing:
+        return None
+    return (f"no rate of the live sweep holds {ATTAINMENT_GOAL:.0%} SLO attainment for {', '.join(missing)} "
+            f"(lowest rate {lowest_rate:g} req/s); lower --live-rate-min (figures kept in the result file)")
 
 
 def median_of(values: list) -> float | None:

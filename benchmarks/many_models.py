@@ -317,8 +317,8 @@ def _ratio(ours: float | None, other: float | None) -> float | None:
 #: Live comparison: the spec, rates (x1.2 grid), trace lengths, the SLO scale of the live models.
 LIVE_SPEC = Path(__file__).resolve().parents[1] / "configs" / "many_models.yaml"
 LIVE_RATE_MIN, LIVE_RATES_QUICK, LIVE_RATES_FULL = 4.0, 3, 8
-LIVE_DURATION_QUICK_S, LIVE_DURATION_FULL_S = 25.0, 60.0
-LIVE_FAULT_QUICK_S, LIVE_FAULT_FULL_S = 30.0, 60.0
+LIVE_DURATION_QUICK_S, LIVE_DURATION_FULL_S = 20.0, 60.0
+LIVE_FAULT_QUICK_S, LIVE_FAULT_FULL_S = 24.0, 60.0
 LIVE_SLO_SCALE = 10.0
 #: The issue's bounds on the live figures.
 LIVE_RATIO_BOUND, SIM_LIVE_GAP_BOUND = 1.3, 0.03
@@ -481,12 +481,12 @@ def live_comparison(args) -> dict:
                            "popularity_exponent": args.popularity_exponent, "slo_scale": args.live_slo_scale,
                            "fault_duration_s": settings[args.systems[0]].fault_duration_s,
                            "kill_at_fraction": live.KILL_AT_FRACTION})
-    missing = [s for s in args.systems if out["rate_at_99"][s] is None]
     out["png"] = str(live.plot(curves, PNG, f"{len(case.models)} models on {case.num_devices} devices x "
                                              f"{case.device_memory_bytes / 2**20:.0f} MiB (live), CV {args.cv:g}, "
                                              f"SLO x{args.live_slo_scale:g}"))
-    if missing:
-        out["no_rate_at_99"] = missing
+    message = live.no_rate_at_goal_message(out["rate_at_99"], rates[0])
+    if message:
+        out["no_rate_at_99"] = message
     return out
 
 
@@ -501,14 +501,17 @@ def main() -> None:
             figures.update(live_comparison(args))
             if figures.get("swap"):
                 swap_bytes_per_s = figures["swap"]["bytes_per_s"]
-        figures.update(sim_cluster(args, swap_bytes_per_s))
+        cluster = sim_cluster(args, swap_bytes_per_s)
+        if args.sim_only:
+            figures.update(cluster)
+        else:  # the live figures keep the top level; the cluster case's headline ratios join them
+            figures["sim_cluster"] = cluster
+            figures.update({key: cluster[key] for key in cluster if key.startswith("sim_rate_at_99")})
     except (ValueError, RuntimeError) as error:
         print(f"many_models: {error}", file=sys.stderr)
         sys.exit(2)
     if figures.get("no_rate_at_99"):
-        print(f"many_models: no rate of the live sweep holds {ATTAINMENT_GOAL:.0%} SLO attainment for "
-              f"{', '.join(figures['no_rate_at_99'])} (lowest rate {args.live_rate_min:g} req/s); lower "
-              "--live-rate-min (figures kept in the result file)", file=sys.stderr)
+        print(f"many_models: {figures['no_rate_at_99']}", file=sys.stderr)
     if not args.sim_only:
         bounds = {"rate_at_99_vs_serve_deployments": (">=", LIVE_RATIO_BOUND),
                   "rate_at_99_vs_serve_multiplexed": (">=", LIVE_RATIO_BOUND),

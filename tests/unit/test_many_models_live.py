@@ -19,6 +19,7 @@ from benchmarks._many_models_live import (
     figures,
     live_traffic,
     load_case,
+    no_rate_at_goal_message,
     rate_at_goal,
 )
 from placement.core.workload import Workload
@@ -80,16 +81,29 @@ def test_rate_at_goal_walks_up_until_the_first_miss():
     assert rate_at_goal([{"rate_per_s": 1.0, "attainment": 0.5}]) is None
 
 
+def test_a_sweep_without_a_rate_at_99_gets_a_message_naming_the_system():
+    assert no_rate_at_goal_message({"plexserve": 4.0, "serve_multiplexed": 4.8}, 4.0) is None
+    message = no_rate_at_goal_message({"plexserve": 4.0, "serve_deployments": None}, 4.0)
+    assert "serve_deployments" in message and "--live-rate-min" in message and "4 req/s" in message
+
+
 def test_fault_counts_losses_beyond_the_killed_replicas_in_flight_requests():
     # Kill at t=5 of the replica hosting model 1. Request 2 (model 1) was in flight then and failed: not counted.
     # Request 3 (model 0) failed although its replica lived: lost. Request 4 (model 1) was refused: not accepted.
-    # Model 1's last miss after the kill is request 6, at t=9.
-    got = fault_figures(outcomes(status=[200, 200, 500, 0, 503, 200, 200, 200],
-                                 latency=[0.1, 0.1, 3.0, np.nan, 0.01, 0.1, 2.0, 0.1],
-                                 arrival=[1, 2, 4, 6, 7, 8, 9, 10], model=[0, 1, 1, 0, 1, 1, 1, 1]),
+    # Model 1 is served again (three answers in a row within the SLO) from request 7, at t=10.
+    got = fault_figures(outcomes(status=[200, 200, 500, 0, 503, 200, 200, 200, 200, 200],
+                                 latency=[0.1, 0.1, 3.0, np.nan, 0.01, 0.1, 2.0, 0.1, 0.1, 0.1],
+                                 arrival=[1, 2, 4, 6, 7, 8, 9, 10, 11, 12], model=[0, 1, 1, 0, 1, 1, 1, 1, 1, 1]),
                         kill_at_s=5.0, victims={1})
     assert got["lost_accepted"] == 1 and got["in_flight_at_kill"] == 1 and got["failed_in_flight"] == 1
-    assert got["recovery_s"] == pytest.approx(4.0)
+    assert got["recovery_s"] == pytest.approx(5.0)
+
+
+def test_recovery_is_zero_without_a_miss_and_censored_without_a_recovery():
+    fine = fault_figures(outcomes([200] * 4, [0.1] * 4, arrival=[1, 6, 7, 8], model=[1] * 4), 5.0, {1})
+    assert fine["recovery_s"] == 0.0 and fine["lost_accepted"] == 0
+    never = fault_figures(outcomes([200, 503, 503], [0.1, 0.01, 0.01], arrival=[1, 6, 7], model=[1] * 3), 5.0, {1})
+    assert never["recovery_s"] is None and never["lost_accepted"] == 0
 
 
 def test_outcomes_survive_json(case):
