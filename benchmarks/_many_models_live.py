@@ -356,7 +356,7 @@ def run_system(settings: SessionSettings, out: Path, timeout_s: float) -> dict:
     out.write_text("")
     command = [sys.executable, "-m", "benchmarks._many_models_live", json.dumps(asdict(settings)), str(out)]
     try:
-        subprocess.run(command, env=session_env(), cwd=REPO, check=True, timeout=timeout_s)
+        subprocess.run(command, env=session_env(), cwd=REPO, check=True, timeout=timeout_s, stdout=sys.stderr)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"the {settings.system} session ran past {timeout_s:.0f} s") from None
     except subprocess.CalledProcessError as error:
@@ -388,10 +388,11 @@ def application(system: str, case: LiveCase, load_log: str) -> dict:
             "args": args}
 
 
-def kill_one_replica(system: str, case: LiveCase, base_url: str) -> tuple[str, set[str]]:
-    """Kill one replica mid-run: plexserve, a stage actor of its busiest group (SIGKILL on the pid the app's
-    `GET /v1/placement` lists); Serve, a replica of the hottest model's deployment (`ray.kill` on the replica
-    actor, found through Ray's public state API). Returns what was killed and the models it hosted."""
+def kill_one_replica(system: str, case: LiveCase, base_url: str, hottest: list[str]) -> tuple[str, set[str]]:
+    """Kill one replica mid-run, one that hosts the hottest model it can (`hottest`: the models, hottest first):
+    plexserve, a stage actor of a group (SIGKILL on a pid the app's `GET /v1/placement` lists); Serve, a model
+    replica (`ray.kill` on the replica actor, found through Ray's public state API). Returns what was killed and the
+    models it hosted."""
     import ray
 
     if system == "plexserve":
@@ -402,7 +403,8 @@ def kill_one_replica(system: str, case: LiveCase, base_url: str) -> tuple[str, s
         hosting = [g for g in groups if g.get("models") and g.get("stage_actor_pids")]
         if not hosting:
             raise RuntimeError("plexserve runs no device group with stage actors to kill")
-        group = max(hosting, key=lambda g: len(g["models"]))
+        group = min(hosting, key=lambda g: min(hottest.index(m) if m in hottest else len(hottest)
+                                                for m in g["models"]))
         model = group["models"][0]
         pid = group["stage_actor_pids"][model][0][0]
         os.kill(int(pid), signal.SIGKILL)
@@ -417,10 +419,16 @@ def kill_one_replica(system: str, case: LiveCase, base_url: str) -> tuple[str, s
                 and not a.class_name.endswith(apps.INGRESS_NAME)]
     if not replicas:
         raise RuntimeError("no Serve model replica to kill")
-    victim = sorted(replicas, key=lambda a: a.class_name)[0]
+    multiplexed = system == "serve_multiplexed"
+
+    def rank(actor) -> tuple:
+        hosted = apps.models_of_deployment(case, actor.class_name.split(":")[-1], multiplexed)
+        return min((hottest.index(m) for m in hosted if m in hottest), default=len(hottest)), actor.class_name
+
+    victim = min(replicas, key=rank)
     deployment = victim.class_name.split(":")[-1]
     ray.kill(ray.get_actor(victim.name, namespace="serve"), no_restart=True)
-    hosted = apps.models_of_deployment(case, deployment, multiplexed=system == "serve_multiplexed")
+    hosted = apps.models_of_deployment(case, deployment, multiplexed)
     return f"Serve replica {victim.name}", hosted
 
 
@@ -468,14 +476,17 @@ def session_main(settings: SessionSettings, out: Path) -> None:
             traffic = live_traffic(case, rate, settings.fault_duration_s, settings.cv, settings.popularity_exponent,
                                    settings.slo_scale)
             kill_at = KILL_AT_FRACTION * settings.fault_duration_s
+            workload = traffic.workload(FAULT_SEED)
+            counts = np.bincount(workload.model, minlength=len(case.names))
+            hottest = [case.names[i] for i in np.argsort(-counts, kind="stable")]
             killed: dict = {}
 
             def kill() -> None:
-                what, models = kill_one_replica(settings.system, case, base)
+                what, models = kill_one_replica(settings.system, case, base, hottest)
                 killed.update(what=what, models=sorted(models), at_s=time.perf_counter())
                 log.info("[%s] killed %s (models %s)", settings.system, what, sorted(models))
 
-            outcomes = loop.run_until_complete(client.replay(traffic.workload(FAULT_SEED), events=[(kill_at, kill)]))
+            outcomes = loop.run_until_complete(client.replay(workload, events=[(kill_at, kill)]))
             victims = {case.names.index(m) for m in killed.get("models", [])}
             result["fault"] = {"killed": killed.get("what"), "models": killed.get("models"), "kill_at_s": kill_at,
                                "rate_per_s": rate, **fault_figures(outcomes, kill_at, victims)}
