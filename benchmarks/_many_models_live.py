@@ -66,7 +66,8 @@ TEXT_WORDS = 20
 ATTAINMENT_GOAL = 0.99
 #: Share of the fault phase at which one replica is killed.
 KILL_AT_FRACTION = 1.0 / 3.0
-#: Requests in a row to the killed replica's models answered within their SLOs that count as served again.
+#: Requests to the killed replica's models answered within their SLOs after the last miss that count as served
+#: again.
 RECOVERED_AFTER = 3
 #: Order of the popularity ranks, and the seeds of the realisations replayed per rate / in the fault phase.
 ORDER_SEED, TRACE_SEED, FAULT_SEED = 5, 2, 3
@@ -244,8 +245,8 @@ def fault_figures(outcomes: Outcomes, kill_at_s: float, victims: set[int]) -> di
     """After one replica is killed at `kill_at_s` (s from the trace start; `victims`: indices of the models it
     hosted): `lost_accepted`, the requests neither answered nor refused, beyond those that were in flight for the
     victim's models at the kill; `in_flight_at_kill`; `recovery_s`, seconds from the kill to the arrival of the first
-    victim-model request from which RECOVERED_AFTER in a row are answered within their SLOs (0: no miss after the
-    kill; None: not within the phase)."""
+    victim-model request after the last one that was not answered within its SLO (0: none missed after the kill;
+    None: fewer than RECOVERED_AFTER victim-model requests followed the last miss, the phase ended first)."""
     finish = outcomes.arrival_s + np.where(np.isfinite(outcomes.latency_s), outcomes.latency_s, np.inf)
     victim = np.isin(outcomes.model, sorted(victims))
     in_flight = victim & (outcomes.arrival_s <= kill_at_s) & (finish >= kill_at_s)
@@ -253,11 +254,13 @@ def fault_figures(outcomes: Outcomes, kill_at_s: float, victims: set[int]) -> di
     after = np.flatnonzero(victim & (outcomes.arrival_s > kill_at_s))
     after = after[np.argsort(outcomes.arrival_s[after], kind="stable")]
     good = outcomes.good[after]
-    recovery = None  # censored: the phase ended before the victim's models were served again
-    for k in range(len(after)):
-        if good[k:k + RECOVERED_AFTER].all():
-            recovery = 0.0 if k == 0 else float(outcomes.arrival_s[after[k]] - kill_at_s)
-            break
+    missed = np.flatnonzero(~good)
+    if not len(missed):
+        recovery: float | None = 0.0
+    elif len(good) - 1 - missed[-1] >= RECOVERED_AFTER:
+        recovery = float(outcomes.arrival_s[after[missed[-1] + 1]] - kill_at_s)
+    else:
+        recovery = None  # censored: the phase ended before the victim's models were served again
     return {"lost_accepted": int((failed & ~in_flight).sum()), "in_flight_at_kill": int(in_flight.sum()),
             "failed_in_flight": int((failed & in_flight).sum()), "recovery_s": recovery,
             "fault_phase": figures(outcomes, float(outcomes.arrival_s.max(initial=0.0)) or 1.0)}
@@ -509,9 +512,12 @@ if __name__ == "__main__":
 
 def sim_predictions(case: LiveCase, workload: Workload) -> dict:
     """The simulator's SLO attainment on `workload` (the live trace) for plexserve's planned placement (its own
-    simulator settings) and for one model per device (one Serve deployment per model, replicas in proportion to
-    the load, `placement.alpaserve.serve_baselines`)."""
+    simulator settings, with batching) and for one model per device (one Serve deployment per model, replicas in
+    proportion to the load, `placement.alpaserve.serve_baselines`)."""
+    import dataclasses
+
     from benchmarks import _serve_many_models_apps as apps
+    from placement.alpaserve.batching import MaxBatchWithinSLO
     from placement.alpaserve.deployment_planning import planning_spec
     from placement.alpaserve.plan_spec import prepare, run_planner, simulator_config
     from placement.alpaserve.serve_baselines import ServeBatching, proportional_deployments, simulate_serve
@@ -521,7 +527,10 @@ def sim_predictions(case: LiveCase, workload: Workload) -> dict:
     plan_spec = planning_spec(parse_spec(case.spec))
     profiles, names, planning = prepare(plan_spec, REPO)
     placement = run_planner(plan_spec, profiles, names, planning)
-    plex = simulate(placement, profiles, workload, simulator_config(plan_spec)).slo_attainment()
+    # plexserve's replicas batch the requests that wait (ConcatBatching; the vision replicas' batches): the
+    # prediction batches up to the Serve setups' `@serve.batch` size, within each request's SLO.
+    batched = dataclasses.replace(simulator_config(plan_spec), batching=MaxBatchWithinSLO(apps.MAX_BATCH_SIZE))
+    plex = simulate(placement, profiles, workload, batched).slo_attainment()
     rates = np.bincount(workload.model, minlength=len(case.names)) / max(workload.duration_s, 1e-9)
     layout = proportional_deployments(case.names, profiles, rates, case.num_devices, case.device_memory_bytes)
     batching = ServeBatching(max_batch_size=apps.MAX_BATCH_SIZE, batch_wait_timeout_s=apps.BATCH_WAIT_TIMEOUT_S,

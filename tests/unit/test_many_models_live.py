@@ -90,7 +90,7 @@ def test_a_sweep_without_a_rate_at_99_gets_a_message_naming_the_system():
 def test_fault_counts_losses_beyond_the_killed_replicas_in_flight_requests():
     # Kill at t=5 of the replica hosting model 1. Request 2 (model 1) was in flight then and failed: not counted.
     # Request 3 (model 0) failed although its replica lived: lost. Request 4 (model 1) was refused: not accepted.
-    # Model 1 is served again (three answers in a row within the SLO) from request 7, at t=10.
+    # Model 1's last miss after the kill is request 6 (t=9): it is served again from request 7, at t=10.
     got = fault_figures(outcomes(status=[200, 200, 500, 0, 503, 200, 200, 200, 200, 200],
                                  latency=[0.1, 0.1, 3.0, np.nan, 0.01, 0.1, 2.0, 0.1, 0.1, 0.1],
                                  arrival=[1, 2, 4, 6, 7, 8, 9, 10, 11, 12], model=[0, 1, 1, 0, 1, 1, 1, 1, 1, 1]),
