@@ -162,7 +162,7 @@ def load_case(path: Path, base_dir: Path = REPO) -> LiveCase:
         fields = m.model_dump(mode="json", exclude_none=True)
         models.append(LiveModel(m.name, m.kind, m.source, int(weight), float(profile.single_device_latency()),
                                 {k: fields[k] for k in ("image_size_px", "in_chans", "num_classes", "timm_kwargs",
-                                                        "checkpoint_path") if k in fields}))
+                                                        "checkpoint_path", "policies") if k in fields}))
     total = sum(m.weight_bytes for m in models)
     if total > devices * budget:
         raise ValueError(f"the {len(models)} models ({total / 2**20:.0f} MiB) do not fit {devices} devices of "

@@ -148,6 +148,20 @@ def _load(model: dict):
 
         encoder = SentenceTransformer(str(resolve_text_source(model["source"])), device="cpu")
         return lambda texts: encoder.encode(texts, normalize_embeddings=True).tolist()
+    adaptation = (model.get("policies") or {}).get("token_adaptation") or {}
+    if adaptation.get("name") == "otas":  # the adaptive ViT: its trained backbone and task heads, all tokens kept
+        from models.task_registry import DIGITS_ARTIFACTS_DIR, TaskRegistry
+
+        params = adaptation.get("params") or {}
+        registry = TaskRegistry.load(params.get("artifacts") or DIGITS_ARTIFACTS_DIR)
+        task = params.get("default_task") or registry.task_ids[0]
+
+        def predict(images: list) -> list:
+            with torch.inference_mode():
+                return list(registry.predict(torch.as_tensor(np.asarray(images, dtype=np.float32)),
+                                             [task] * len(images)))
+
+        return predict
     from models.vit import load_vit
 
     vit = load_vit(model["source"], checkpoint_path=model.get("checkpoint_path"),
