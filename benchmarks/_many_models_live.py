@@ -15,10 +15,11 @@ The per-device memory budget of the spec binds all three: plexserve's planner pl
 replicas request the custom Ray resource `device_memory_bytes` (the node holds devices x budget) in proportion to
 the weights they may hold.
 
-The trace (`live_trace`): per model open-loop Gamma arrivals with CV `cv`, power-law popularity whose ranks rotate
-by half the models at mid-trace (`placement.core.workload.ShiftingPopularity`), each model's SLO `slo_scale` x its
-single-request latency in the spec's profiles. Every rate of the sweep replays one realisation of it; a fault phase
-(at the lowest rate) then kills one replica a third of the way in.
+The trace (`live_traffic`): per model open-loop Gamma arrivals with CV `cv`, power-law popularity whose ranks
+rotate by half the models at mid-trace (`placement.core.workload.ShiftingPopularity`), each model's SLO `slo_scale`
+x its single-request latency over HTTP (its profiled compute in the spec's profiles plus `HTTP_ROUND_TRIP_S`). Every
+rate of the sweep replays one realisation of it; a fault phase (at the lowest rate) then kills one replica a third
+of the way in.
 
 The pure parts (trace, figures, fault accounting, rate at 99 %) import neither Ray nor torch; the session imports
 them when it runs.
@@ -62,6 +63,9 @@ WORDS = ("the model serves many requests on shared devices while traffic shifts 
          "every second a burst arrives and the system must answer within its objective or refuse early with a "
          "clear reason that names the limit").split()
 TEXT_WORDS = 20
+#: A request's round trip through HTTP and an ingress on this machine, seconds: a model's single-request latency
+#: over HTTP is its profiled compute plus this (the SLO scale multiplies both).
+HTTP_ROUND_TRIP_S = 0.03
 #: The attainment each system must hold.
 ATTAINMENT_GOAL = 0.99
 #: Share of the fault phase at which one replica is killed.
@@ -136,7 +140,8 @@ def read_spec(path: Path) -> dict:
 
 
 def load_case(path: Path, base_dir: Path = REPO) -> LiveCase:
-    """The spec at `path` with its models' weights and single-request latencies from its planning profiles;
+    """The spec at `path` with its models' weights and single-request latencies over HTTP (profiled compute plus
+    HTTP_ROUND_TRIP_S) from its planning profiles;
     ValueError naming the model where one does not fit the per-device budget, where the models do not all fit the
     devices once, or where a model has no profile."""
     from placement.alpaserve.deployment_planning import parse_planning
@@ -160,7 +165,8 @@ def load_case(path: Path, base_dir: Path = REPO) -> LiveCase:
             raise ValueError(f"model {m.name!r} ({weight / 2**20:.0f} MiB) does not fit the per-device memory budget "
                              f"cluster.device_memory_bytes = {budget / 2**20:.0f} MiB")
         fields = m.model_dump(mode="json", exclude_none=True)
-        models.append(LiveModel(m.name, m.kind, m.source, int(weight), float(profile.single_device_latency()),
+        models.append(LiveModel(m.name, m.kind, m.source, int(weight),
+                                float(profile.single_device_latency()) + HTTP_ROUND_TRIP_S,
                                 {k: fields[k] for k in ("image_size_px", "in_chans", "num_classes", "timm_kwargs",
                                                         "checkpoint_path", "policies") if k in fields}))
     total = sum(m.weight_bytes for m in models)
