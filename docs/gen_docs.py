@@ -464,8 +464,9 @@ budget stops the run with a message naming it.
 
 **Workload**: per model, open-loop Gamma arrivals with CV `--cv` (at least 3); power-law popularity whose ranks
 rotate by half the models at mid-trace, so the hot models change; each model's SLO is `--live-slo-scale` times its
-profiled single-request latency (AlpaServe's SLO scale). Each rate of the sweep (a x1.2 grid from
-`--live-rate-min`; three rates with `--quick`) replays one realisation of the trace.
+single-request latency over HTTP (AlpaServe's SLO scale): its profiled compute plus 30 ms for the round trip through
+HTTP and an ingress on this machine. Each rate of the sweep (a x1.2 grid from `--live-rate-min`; three rates with
+`--quick`) replays one realisation of the trace.
 
 **Figures per system and rate**: SLO attainment (answered 200 within the SLO over all requests), goodput, p50 / p99
 of the answered, refusals (429 / 503) and other failures; per system the highest rate up to which it holds 99 %

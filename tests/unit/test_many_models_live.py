@@ -181,3 +181,28 @@ def test_cli_ends_bad_input_with_a_message_not_a_traceback(tmp_path):
         result = run_cli(*args)
         assert result.returncode == 2, result.stderr
         assert message in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def session_result(attainments: dict[float, float], lost: int = 0, recovery: float | None = 1.0) -> dict:
+    """A session's result with one outcome per 100 requests: `attainment` of them answered within the SLO."""
+    points = []
+    for rate, attainment in attainments.items():
+        good = round(100 * attainment)
+        got = outcomes([200] * 100, [0.1] * good + [2.0] * (100 - good))
+        points.append({"rate_per_s": rate, **figures(got, 10.0), "outcomes": got.to_json()})
+    return {"points": points, "fault": {"lost_accepted": lost, "recovery_s": recovery}, "deploy_s": 1.0}
+
+
+def test_combine_compares_rates_at_99_and_attainment_across_systems(case):
+    from benchmarks._many_models_live import SessionSettings, combine
+
+    settings = SessionSettings("plexserve", str(SPEC), [4.0, 4.8, 5.76], 10.0, 10.0, 3.0, 1.0, 10.0)
+    runs = {"plexserve": session_result({4.0: 1.0, 4.8: 1.0, 5.76: 0.99}),
+            "serve_deployments": session_result({4.0: 1.0, 4.8: 0.9, 5.76: 0.8}, lost=2, recovery=3.0),
+            "serve_multiplexed": session_result({4.0: 0.95, 4.8: 0.9, 5.76: 0.95}, recovery=None)}
+    got = combine(runs, case, settings, with_sim=False)
+    assert got["rate_at_99"] == {"plexserve": 5.76, "serve_deployments": 4.0, "serve_multiplexed": None}
+    assert got["rate_at_99_vs_serve_deployments"] == pytest.approx(1.44)
+    assert got["rate_at_99_vs_serve_multiplexed"] is None  # no rate at 99 % to divide by
+    assert got["attainment_gain_min"] == pytest.approx(0.0)  # at 4 req/s plexserve ties the better Serve setup
+    assert got["lost_accepted"] == 2 and got["recovery_s"] is None  # one system did not recover in its phase
