@@ -1,7 +1,21 @@
 """Many models on shared devices (issue 57): plexserve against Ray Serve's own ways to serve many models.
 
-`--sim-only` runs the cluster case of the issue's step 6 in the simulator; the live comparison (steps 1-5: the three
-systems over HTTP, a fault in every run) is not implemented yet, and the script says so and exits 2 without it.
+Without `--sim-only` the run has two parts. The live comparison (steps 1-4, `benchmarks/_many_models_live.py`):
+the spec's models (`--spec`, default configs/many_models.yaml) served by plexserve (planner and controller on), by
+one Ray Serve deployment per model (`@serve.batch`, autoscaling) and by Ray Serve model multiplexing
+(`@serve.multiplexed`, models loaded from local disk on demand; `benchmarks/_serve_many_models_apps.py`), each in a
+Ray of its own, behind Serve's HAProxy ingress (`make serve`'s mode), under the spec's per-device memory budget
+(a custom Ray resource for the Serve setups), driven by one open-loop client at each rate of a sweep on a x1.2 grid
+(`--live-rates` consecutive rates from `--live-rate-min`); then a fault phase in every system kills one replica
+(plexserve: a stage actor of a group; Serve: a model replica). Beside each live point, the simulator's prediction
+on the same trace for plexserve's placement and for one model per device. Then the simulated cluster case below,
+with multiplexing's swaps at the load rate the multiplexed replicas measured live. Final JSON line:
+`rate_at_99_vs_serve_deployments`, `rate_at_99_vs_serve_multiplexed`, `attainment_gain_min`,
+`sim_live_abs_gap_max`, `lost_accepted`, `recovery_s` (medians over `--median-of` runs), the cluster case's
+`sim_rate_at_99_vs_multiplexed` and `sim_rate_at_99_vs_sr`; PNG: docs/assets/many_models.png.
+
+    python -m benchmarks.many_models --quick                 # at most 12 minutes
+    python -m benchmarks.many_models --median-of 3           # the figures as medians of three runs
 
 The simulated case: AlpaServe §6.1 Table 1's six models that fit one V100 (BERT-1.3B/2.7B/6.7B, MoE-1.3B/2.4B/5.3B,
 reproduction profiles of `placement.alpaserve.paper_profiles`), `--instances` distinct instances of each (48 models
@@ -35,8 +49,8 @@ answered requests and swaps; per system the highest rate of the grid up to which
 `sim_rate_at_99_vs_serve_deployments` (plexserve's rate at 99 % over each), the curves, the parameters; PNG:
 benchmarks/out/many_models_sim.png.
 
-    .venv/bin/python benchmarks/many_models.py --sim-only --quick     # a few minutes on one core
-    .venv/bin/python benchmarks/many_models.py --sim-only             # longer traces
+    python -m benchmarks.many_models --sim-only --quick     # a few minutes on one core
+    python -m benchmarks.many_models --sim-only             # longer traces
 """
 
 from __future__ import annotations
@@ -74,6 +88,8 @@ from placement.core.workload import ShiftingPopularity  # noqa: E402
 log = logging.getLogger("many_models")
 
 SYSTEMS = ("plexserve", "sr", "serve_deployments", "serve_multiplexed")
+#: The live systems (benchmarks/_many_models_live.py).
+LIVE_SYSTEMS = ("plexserve", "serve_deployments", "serve_multiplexed")
 #: The attainment each system must hold (AlpaServe §6.2's measure) and the issue's bound on the rate ratios.
 ATTAINMENT_GOAL = 0.99
 RATIO_BOUND = 2.0
@@ -298,10 +314,22 @@ def _ratio(ours: float | None, other: float | None) -> float | None:
     return None if ours is None or other is None else ours / other
 
 
-def main() -> None:
+#: Live comparison: the spec, rates (x1.2 grid), trace lengths, the SLO scale of the live models.
+LIVE_SPEC = Path(__file__).resolve().parents[1] / "configs" / "many_models.yaml"
+LIVE_RATE_MIN, LIVE_RATES_QUICK, LIVE_RATES_FULL = 4.0, 3, 8
+LIVE_DURATION_QUICK_S, LIVE_DURATION_FULL_S = 20.0, 60.0
+LIVE_FAULT_QUICK_S, LIVE_FAULT_FULL_S = 24.0, 60.0
+LIVE_SLO_SCALE = 10.0
+#: The issue's bounds on the live figures.
+LIVE_RATIO_BOUND, SIM_LIVE_GAP_BOUND = 1.3, 0.03
+#: Seconds one system's session may take (start, deploy, sweep, fault) before the run stops with a message.
+SESSION_TIMEOUT_QUICK_S, SESSION_TIMEOUT_FULL_S = 420.0, 3600.0
+PNG = Path(__file__).resolve().parents[1] / "docs" / "assets" / "many_models.png"
+
+
+def parse_args():
     parser = make_parser(__doc__)
-    parser.add_argument("--sim-only", action="store_true",
-                        help="run only the simulated cluster case (the live comparison is not implemented yet)")
+    parser.add_argument("--sim-only", action="store_true", help="run only the simulated cluster case")
     sim = parser.add_argument_group("simulated cluster case")
     sim.add_argument("--devices", type=int, default=64, help="devices of the cluster (default 64)")
     sim.add_argument("--instances", type=int, default=8,
@@ -321,42 +349,50 @@ def main() -> None:
     sim.add_argument("--rate-step", type=float, default=RATE_STEP,
                      help=f"factor between grid rates, at most {MAX_RATE_STEP}")
     sim.add_argument("--swap-load-s", type=float, default=None,
-                     help="seconds a multiplexed replica takes to load any model (default: each model's bytes over "
-                          f"{PCIE3_HOST_TO_DEVICE_BYTES_PER_S / 1e9:g} GB/s, PCIe 3.0 x16 from pinned host memory)")
-    live = parser.add_argument_group("live comparison (not implemented yet)")
-    live.add_argument("--repeats", type=int, default=3, help="live runs per figure (the median is reported)")
+                     help="seconds a multiplexed replica takes to load any model (default: the live run's measured "
+                          "load rate; with --sim-only, each model's bytes over "
+                          f"{PCIE3_HOST_TO_DEVICE_BYTES_PER_S / 1e9:g} GB/s)")
+    live = parser.add_argument_group("live comparison")
+    live.add_argument("--spec", type=Path, default=LIVE_SPEC, help="the many-model spec (Serve config or bare spec)")
+    live.add_argument("--systems", nargs="*", default=list(LIVE_SYSTEMS), choices=LIVE_SYSTEMS,
+                      help="live systems to run (default: all three)")
+    live.add_argument("--live-rate-min", type=float, default=LIVE_RATE_MIN, help="lowest live rate, req/s")
+    live.add_argument("--live-rate-step", type=float, default=RATE_STEP,
+                      help=f"factor between live rates, at most {MAX_RATE_STEP}")
+    live.add_argument("--live-rates", type=int, default=None,
+                      help=f"live rates swept (default {LIVE_RATES_QUICK} with --quick, else {LIVE_RATES_FULL})")
+    live.add_argument("--live-duration-s", type=float, default=None, help="seconds of trace per live rate")
+    live.add_argument("--live-slo-scale", type=float, default=LIVE_SLO_SCALE,
+                      help=f"live SLO as a multiple of each model's profiled single-request latency "
+                           f"(default {LIVE_SLO_SCALE:g})")
+    live.add_argument("--median-of", type=int, default=1, help="live runs; each figure is their median")
     live.add_argument("--no-fault", action="store_true", help="skip the replica kill of every live run")
-    args = parser.parse_args()
-    setup_logging("many_models")
-    if not args.sim_only:
-        print("many_models: the live comparison is not implemented yet; run with --sim-only", file=sys.stderr)
-        sys.exit(2)
-    started = time.perf_counter()
-    try:
-        if args.swap_load_s is not None and not args.swap_load_s >= 0:
-            raise ValueError(f"--swap-load-s {args.swap_load_s}: must be >= 0")
-        if args.devices < 1 or args.instances < 1:
-            raise ValueError("--devices and --instances must be >= 1")
-        duration = args.duration_s or (DURATION_QUICK_S if args.quick else DURATION_FULL_S)
-        settings = CaseSettings(instances=args.instances, num_devices=args.devices,
-                                device_memory_gb=args.device_memory_gb, cv=args.cv,
-                                popularity_exponent=args.popularity_exponent, slo_scale=args.slo_scale,
-                                duration_s=duration,
-                                min_requests=MIN_REQUESTS_QUICK if args.quick else MIN_REQUESTS_FULL,
-                                rates=rate_grid(args.rate_min, args.rate_max, args.rate_step),
-                                swap_load_s=args.swap_load_s)
-        build_case(settings)  # bad models or budget end here, before any simulation
-        result = run_sweep(settings)
-    except ValueError as error:
-        print(f"many_models: {error}", file=sys.stderr)
-        sys.exit(2)
+    return parser.parse_args()
+
+
+def sim_cluster(args, swap_bytes_per_s: float | None) -> dict:
+    """The simulated cluster case (step 6); ValueError for bad input or a grid where a system never holds 99 %."""
+    if args.swap_load_s is not None and not args.swap_load_s >= 0:
+        raise ValueError(f"--swap-load-s {args.swap_load_s}: must be >= 0")
+    if args.devices < 1 or args.instances < 1:
+        raise ValueError("--devices and --instances must be >= 1")
+    duration = args.duration_s or (DURATION_QUICK_S if args.quick else DURATION_FULL_S)
+    settings = CaseSettings(instances=args.instances, num_devices=args.devices,
+                            device_memory_gb=args.device_memory_gb, cv=args.cv,
+                            popularity_exponent=args.popularity_exponent, slo_scale=args.slo_scale,
+                            duration_s=duration,
+                            min_requests=MIN_REQUESTS_QUICK if args.quick else MIN_REQUESTS_FULL,
+                            rates=rate_grid(args.rate_min, args.rate_max, args.rate_step),
+                            swap_load_s=args.swap_load_s,
+                            **({"swap_bytes_per_s": swap_bytes_per_s} if swap_bytes_per_s else {}))
+    build_case(settings)  # bad models or budget end here, before any simulation
+    result = run_sweep(settings)
     held = result["rate_at_99"]
-    missing = [s for s in SYSTEMS if held[s] is None]
     png = _plot(result, settings)
+    missing = [s for s in SYSTEMS if held[s] is None]
     if missing:
-        print(f"many_models: no rate of the grid holds {ATTAINMENT_GOAL:.0%} SLO attainment for {', '.join(missing)} "
-              f"(lowest rate {settings.rates[0]:g} req/s); lower --rate-min", file=sys.stderr)
-        sys.exit(2)
+        raise ValueError(f"no rate of the simulated grid holds {ATTAINMENT_GOAL:.0%} SLO attainment for "
+                         f"{', '.join(missing)} (lowest rate {settings.rates[0]:g} req/s); lower --rate-min")
     figures = {
         "sim_rate_at_99_vs_multiplexed": _ratio(held["plexserve"], held["serve_multiplexed"]),
         "sim_rate_at_99_vs_sr": _ratio(held["plexserve"], held["sr"]),
@@ -372,16 +408,122 @@ def main() -> None:
                        "swap_load_s_by_architecture": result["swap_load_s"],
                        "seeds": {"order": ORDER_SEED, "plan": PLAN_SEED, "held_out": EVAL_SEED},
                        "planner": PLANNER_SETTINGS},
-        "png": str(png), "quick": args.quick, "machine": machine_description(),
-        "wall_s": time.perf_counter() - started,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "png": str(png),
     }
     for key in ("sim_rate_at_99_vs_multiplexed", "sim_rate_at_99_vs_sr"):
         figures[f"{key}_meets_bound"] = figures[key] is not None and figures[key] >= RATIO_BOUND
-    log.info("rate at %.0f%%: %s; plexserve over multiplexed %s, over SR %s, over one deployment per model %s",
-             100 * ATTAINMENT_GOAL, held, figures["sim_rate_at_99_vs_multiplexed"], figures["sim_rate_at_99_vs_sr"],
-             figures["sim_rate_at_99_vs_serve_deployments"])
+    log.info("simulated cluster: rate at %.0f%%: %s; plexserve over multiplexed %s, over SR %s",
+             100 * ATTAINMENT_GOAL, held, figures["sim_rate_at_99_vs_multiplexed"], figures["sim_rate_at_99_vs_sr"])
+    return figures
+
+
+def live_comparison(args) -> dict:
+    """The live comparison, `--median-of` runs of every system; ValueError for bad input or a sweep where a system
+    never holds 99 %."""
+    import tempfile
+
+    from benchmarks import _many_models_live as live
+
+    if args.median_of < 1:
+        raise ValueError(f"--median-of {args.median_of}: must be >= 1")
+    count = args.live_rates or (LIVE_RATES_QUICK if args.quick else LIVE_RATES_FULL)
+    if count < 2:
+        raise ValueError(f"--live-rates {count}: the sweep needs at least 2 rates")
+    if not 1.0 < args.live_rate_step <= MAX_RATE_STEP:
+        raise ValueError(f"--live-rate-step {args.live_rate_step}: must be in (1, {MAX_RATE_STEP}]")
+    if not args.live_rate_min > 0:
+        raise ValueError(f"--live-rate-min {args.live_rate_min}: must be > 0")
+    case = live.load_case(args.spec)  # a model beyond the budget, or no profile, ends here
+    rates = [args.live_rate_min * args.live_rate_step ** k for k in range(count)]
+    duration = args.live_duration_s or (LIVE_DURATION_QUICK_S if args.quick else LIVE_DURATION_FULL_S)
+    settings = {s: live.SessionSettings(system=s, spec_path=str(args.spec), rates=rates, duration_s=duration,
+                                        fault_duration_s=LIVE_FAULT_QUICK_S if args.quick else LIVE_FAULT_FULL_S,
+                                        cv=args.cv, popularity_exponent=args.popularity_exponent,
+                                        slo_scale=args.live_slo_scale, fault=not args.no_fault)
+                for s in args.systems}
+    live.live_traffic(case, rates[0], duration, args.cv, args.popularity_exponent, args.live_slo_scale)  # checks
+    timeout = SESSION_TIMEOUT_QUICK_S if args.quick else SESSION_TIMEOUT_FULL_S
+    runs = []
+    with tempfile.TemporaryDirectory() as folder:
+        for repeat in range(args.median_of):
+            results = {}
+            for system in args.systems:
+                log.info("live run %d/%d: %s, a Ray of its own", repeat + 1, args.median_of, system)
+                results[system] = live.run_system(settings[system], Path(folder) / f"{system}-{repeat}.json",
+                                                  timeout)
+            runs.append(live.combine(results, case, settings[args.systems[0]]))
+    scalars = ("rate_at_99_vs_serve_deployments", "rate_at_99_vs_serve_multiplexed", "attainment_gain_min",
+               "sim_live_abs_gap_max", "lost_accepted", "recovery_s")
+    out = {key: live.median_of([run[key] for run in runs]) for key in scalars}
+    out["rate_at_99"] = {s: live.median_of([run["rate_at_99"][s] for run in runs]) for s in args.systems}
+    curves = {}
+    for system in args.systems:
+        curve = []
+        for k, rate in enumerate(rates):
+            points = [run["curves"][system][k] for run in runs if len(run["curves"][system]) > k]
+            row = {key: live.median_of([p[key] for p in points])
+                   for key in ("attainment", "goodput_per_s", "p50_s", "p99_s", "refusals", "failures", "requests")}
+            if points and "sim" in points[0]:
+                row["sim"] = {key: live.median_of([p["sim"][key] for p in points])
+                              for key in ("plexserve", "one_per_device")}
+                row["sim_placement"] = points[0]["sim"]["placement"]
+            curve.append({"rate_per_s": rate, **row})
+        curves[system] = curve
+    out.update(curves=curves, runs=len(runs), per_run={key: [run[key] for run in runs] for key in scalars},
+               faults=[run["faults"] for run in runs], swap=runs[-1]["swap"],
+               deploy_s=[run["deploy_s"] for run in runs],
+               parameters={"spec": str(args.spec), "models": [{"name": m.name, "kind": m.kind, "source": m.source,
+                                                               "weight_mib": m.weight_bytes / 2**20,
+                                                               "slo_ms": 1e3 * args.live_slo_scale *
+                                                               m.single_latency_s} for m in case.models],
+                           "num_devices": case.num_devices, "device_memory_mib": case.device_memory_bytes / 2**20,
+                           "rates_per_s": rates, "duration_s": duration, "cv": args.cv,
+                           "popularity_exponent": args.popularity_exponent, "slo_scale": args.live_slo_scale,
+                           "fault_duration_s": settings[args.systems[0]].fault_duration_s,
+                           "kill_at_fraction": live.KILL_AT_FRACTION})
+    out["png"] = str(live.plot(curves, PNG, f"{len(case.models)} models on {case.num_devices} devices x "
+                                             f"{case.device_memory_bytes / 2**20:.0f} MiB (live), CV {args.cv:g}, "
+                                             f"SLO x{args.live_slo_scale:g}"))
+    message = live.no_rate_at_goal_message(out["rate_at_99"], rates[0])
+    if message:
+        out["no_rate_at_99"] = message
+    return out
+
+
+def main() -> None:
+    args = parse_args()
+    setup_logging("many_models")
+    started = time.perf_counter()
+    figures: dict = {}
+    try:
+        swap_bytes_per_s = None
+        if not args.sim_only:
+            figures.update(live_comparison(args))
+            if figures.get("swap"):
+                swap_bytes_per_s = figures["swap"]["bytes_per_s"]
+        cluster = sim_cluster(args, swap_bytes_per_s)
+        if args.sim_only:
+            figures.update(cluster)
+        else:  # the live figures keep the top level; the cluster case's headline ratios join them
+            figures["sim_cluster"] = cluster
+            figures.update({key: cluster[key] for key in cluster if key.startswith("sim_rate_at_99")})
+    except (ValueError, RuntimeError) as error:
+        print(f"many_models: {error}", file=sys.stderr)
+        sys.exit(2)
+    if figures.get("no_rate_at_99"):
+        print(f"many_models: {figures['no_rate_at_99']}", file=sys.stderr)
+    if not args.sim_only:
+        bounds = {"rate_at_99_vs_serve_deployments": (">=", LIVE_RATIO_BOUND),
+                  "rate_at_99_vs_serve_multiplexed": (">=", LIVE_RATIO_BOUND),
+                  "attainment_gain_min": (">=", 0.0), "sim_live_abs_gap_max": ("<=", SIM_LIVE_GAP_BOUND),
+                  "lost_accepted": ("<=", 0)}
+        figures["meets_bounds"] = {key: figures.get(key) is not None and (
+            figures[key] >= bound if op == ">=" else figures[key] <= bound) for key, (op, bound) in bounds.items()}
+    figures.update(quick=args.quick, machine=machine_description(), wall_s=time.perf_counter() - started,
+                   date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
     emit_json(figures)
+    if figures.get("no_rate_at_99"):
+        sys.exit(2)
 
 
 if __name__ == "__main__":

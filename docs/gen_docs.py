@@ -12,6 +12,8 @@ Pages (paths under `docs/`):
   creating the metrics).
 - `benchmarks.md`: one table per result file in `benchmarks/results/` (written by `benchmarks._common.emit_json`),
   and every benchmark without one.
+- `many-models.md`: what `benchmarks/many_models.py` compares and how to run it, with the tables of its result
+  file `benchmarks/results/many_models.json` and its PNG `docs/assets/many_models.png`.
 """
 
 from __future__ import annotations
@@ -430,6 +432,152 @@ def benchmarks_page() -> str:
     return "".join(out).rstrip() + "\n"
 
 
+# --- many models ---------------------------------------------------------------------------------------------------
+
+MANY_MODELS_INTRO = """# Many models: plexserve against Ray Serve's own layouts
+
+`benchmarks/many_models.py` puts plexserve beside the two ways Ray Serve's documentation offers to serve many
+models, on one workload and one memory budget, live on this machine and in the simulator at cluster scale.
+
+## What is compared
+
+Three systems, each in a Ray of its own on the same machine, one after the other, called over HTTP by one open-loop
+client behind the ingress mode `make serve` uses (Serve's HAProxy ingress, `rayserve_apps/fast_ingress.py`), each
+deployed from a Serve config through Serve's REST API:
+
+- **plexserve**: the many-model spec (`--spec`, default `configs/many_models.yaml`) as a user writes it; the
+  planner chooses the groups from the spec's profiles (measured on this machine by the project's own CLI); the
+  placement controller is on.
+- **Serve, one deployment per model** (`benchmarks/_serve_many_models_apps.py`): sentence-transformers (text) or
+  the timm ViT (vision) per deployment, `@serve.batch` (Serve's default batch size 10 and wait 10 ms), an
+  `autoscaling_config` from one replica up to as many as memory holds (target 2 ongoing requests per replica).
+- **Serve model multiplexing** (same module): one deployment per architecture whose replicas load models from
+  local disk on demand, `@serve.multiplexed(max_num_models_per_replica=k)` with k = the models of that architecture
+  one device holds; requests carry their model id (`multiplexed_model_id`); a model alone in its architecture gets a
+  deployment of its own.
+
+The same per-device memory budget (the spec's `cluster.device_memory_bytes`, what a GPU's memory stands for) binds
+all three. plexserve's planner places within it; for the Serve setups the benchmark's Ray declares a custom
+resource `device_memory_bytes` of devices x budget and every replica requests the weights it may hold (one model, or
+k models of its architecture), so Ray starts no replica the devices' memory could not hold. A model larger than the
+budget stops the run with a message naming it.
+
+**Workload**: per model, open-loop Gamma arrivals with CV `--cv` (at least 3); power-law popularity whose ranks
+rotate by half the models at mid-trace, so the hot models change; each model's SLO is `--live-slo-scale` times its
+single-request latency over HTTP (AlpaServe's SLO scale): its profiled compute plus 30 ms for the round trip through
+HTTP and an ingress on this machine. Each rate of the sweep (a x1.2 grid from `--live-rate-min`; three rates with
+`--quick`) replays one realisation of the trace.
+
+**Figures per system and rate**: SLO attainment (answered 200 within the SLO over all requests), goodput, p50 / p99
+of the answered, refusals (429 / 503) and other failures; per system the highest rate up to which it holds 99 %
+attainment. Beside them, the simulator's prediction on the same trace for plexserve's planned placement and for one
+model per device (one Serve deployment per model, `placement/alpaserve/serve_baselines.py`).
+
+**A fault in every run**: after the sweep, a phase at the lowest rate kills one replica a third of the way in
+(plexserve: a stage actor of its busiest group, by its pid from `GET /v1/placement`; Serve: a model replica,
+`ray.kill` on the replica actor found through Ray's state API). `lost_accepted` counts requests neither answered nor
+refused, beyond those in flight for the killed replica's models at the kill; `recovery_s` is the time from the kill
+to the last request of those models that missed its SLO.
+
+**Cluster scale, in the simulator**: AlpaServe Table 1's six models, eight instances each (48 models) on 64 devices
+of 14 GB, the same kind of traffic; multiplexing is simulated with LRU swaps at the load rate (bytes per second) the
+multiplexed replicas measured live, which is the bridge between the two parts.
+
+## How to run
+
+```
+python -m benchmarks.many_models --quick              # three rates, one run of each system, at most 12 minutes
+python -m benchmarks.many_models --median-of 3        # every figure the median of three runs
+python -m benchmarks.many_models --sim-only --quick   # the simulated cluster case alone
+```
+
+Progress goes to stderr, one JSON line to stdout; the figures go to `benchmarks/results/many_models.json` (this
+page and [Benchmarks](benchmarks.md) are rendered from it by `python docs/gen_docs.py`) and the plot of attainment
+against rate to `docs/assets/many_models.png`. Bad input (a model beyond the budget, a rate step coarser than x1.2,
+traffic with CV below 3, a sweep on which a system never holds 99 %) ends with a one-line message and exit status 2.
+
+## Which regime each Serve setup is built for
+
+- **One deployment per model** keeps every model resident and adds replicas where the traffic is. With steady,
+  unskewed traffic and room in memory for the busy models' extra replicas, it needs no planner: each model's
+  replicas batch its own requests, and there is nothing to move. Its costs are bursts (no admission: a burst queues
+  behind running batches and the requests after it miss their SLOs) and shifts (autoscaling adds a replica only
+  after its delay, and only where memory is left; a device stays reserved by a model that went cold).
+- **Multiplexing** fits more models than the devices hold at once, at the price of a load from disk on a miss. It
+  suits many rarely used models with loose SLOs, where a load is rare and fits within the SLO; with tight SLOs and a
+  shifting hot set every miss costs a load of seconds.
+- **plexserve** plans which models share which devices from the profiles and the traffic, groups models across
+  devices (model parallelism turns one burst into work for several devices), admits by SLO, and its controller
+  moves models when the hot set changes. The figures below say where this pays on this machine.
+"""
+
+
+def many_models_page() -> str:
+    out = [GENERATED_NOTE.format(source="benchmarks/results/many_models.json and docs/gen_docs.py"),
+           MANY_MODELS_INTRO]
+    path = RESULTS / "many_models.json"
+    record = json.loads(path.read_text()) if path.is_file() else {}
+    figures = record.get("figures", {})
+    out.append("\n## Results\n\n")
+    if not figures:
+        return "".join(out) + "No result file yet: run the benchmark.\n"
+    out.append(_table(["", ""], [
+        ["run", ("quick (`--quick`)" if record.get("quick") else "full")
+         + (f", median of {figures['runs']} runs" if figures.get("runs", 1) > 1 else ", one run")],
+        ["machine", record.get("machine", "")], ["date", record.get("date", "")],
+        ["commit", f"`{record.get('commit', '')}`"], ["command", f"`{record.get('command', '')}`"]]) + "\n")
+    parameters = figures.get("parameters") or {}
+    if "curves" in figures and "models" in parameters:
+        out.append(f"Live case: {len(parameters['models'])} models on {parameters['num_devices']} devices of "
+                   f"{parameters['device_memory_mib']:.0f} MiB, CV {parameters['cv']:g}, popularity exponent "
+                   f"{parameters['popularity_exponent']:g}, SLO x{parameters['slo_scale']:g}, "
+                   f"{parameters['duration_s']:g} s of trace per rate.\n\n")
+        out.append(_table(["model", "kind", "source", "weights (MiB)", "SLO (ms)"],
+                          [[m["name"], m["kind"], f"`{m['source']}`", _number(m["weight_mib"]),
+                            _number(m["slo_ms"])] for m in parameters["models"]]) + "\n")
+        headline = ["rate_at_99_vs_serve_deployments", "rate_at_99_vs_serve_multiplexed", "attainment_gain_min",
+                    "sim_live_abs_gap_max", "lost_accepted", "recovery_s", "sim_rate_at_99_vs_multiplexed",
+                    "sim_rate_at_99_vs_sr"]
+        bounds = {"rate_at_99_vs_serve_deployments": ">= 1.3", "rate_at_99_vs_serve_multiplexed": ">= 1.3",
+                  "attainment_gain_min": ">= 0", "sim_live_abs_gap_max": "<= 0.03", "lost_accepted": "= 0",
+                  "sim_rate_at_99_vs_multiplexed": ">= 2", "sim_rate_at_99_vs_sr": ">= 2"}
+        out.append(_table(["figure", "value", "issue 57's bound"],
+                          [[f"`{key}`", _number(figures.get(key)), bounds.get(key, "")] for key in headline]) + "\n")
+        rows = []
+        for system, curve in figures["curves"].items():
+            for point in curve:
+                sim = point.get("sim") or {}
+                rows.append([system, _number(point["rate_per_s"]), _number(point["attainment"]),
+                             _number(point["goodput_per_s"]), _number(point["p50_s"]), _number(point["p99_s"]),
+                             _number(point["refusals"]), _number(point["failures"]),
+                             _number(sim.get("plexserve")), _number(sim.get("one_per_device"))])
+        out.append(_table(["system", "rate (req/s)", "attainment", "goodput (/s)", "p50 (s)", "p99 (s)",
+                           "refusals", "failures", "sim: plexserve's placement", "sim: one per device"], rows)
+                   + "\n")
+        rate_at_99 = figures.get("rate_at_99") or {}
+        out.append("Highest rate at 99 % attainment (req/s): " + ", ".join(
+            f"{system} {_number(rate)}" for system, rate in rate_at_99.items()) + ".\n\n")
+        faults = figures.get("faults") or []
+        fault_rows = [[system, f.get("killed"), ", ".join(f.get("models") or []), f.get("lost_accepted"),
+                       f.get("in_flight_at_kill"), _number(f.get("recovery_s"))]
+                      for run in faults for system, f in run.items()]
+        if fault_rows:
+            out.append(_table(["system", "killed", "its models", "lost_accepted", "in flight at the kill",
+                               "recovery (s)"], fault_rows) + "\n")
+        swap = figures.get("swap")
+        if swap:
+            out.append(f"Multiplexed model loads measured live: {swap['loads']}, median {swap['median_load_s']:.2f} s, "
+                       f"{swap['bytes_per_s'] / 1e6:.0f} MB/s; the cluster case swaps at that rate.\n\n")
+        out.append("![SLO attainment against rate, live, the three systems and the simulator's predictions]"
+                   "(assets/many_models.png)\n\n")
+    cluster = figures.get("sim_cluster") or (figures if "sim_rate_at_99" in figures else {})
+    if cluster:
+        out.append("### Simulated cluster case\n\n")
+        out.append(_table(["system", "rate at 99 % (req/s)"],
+                          [[system, _number(rate)] for system, rate in cluster["sim_rate_at_99"].items()]) + "\n")
+    return "".join(out).rstrip() + "\n"
+
+
 # --- driver ----------------------------------------------------------------------------------------------------------
 
 PAGES = {
@@ -437,6 +585,7 @@ PAGES = {
     "reference/http-api.md": http_api_page,
     "reference/metrics.md": metrics_page,
     "benchmarks.md": benchmarks_page,
+    "many-models.md": many_models_page,
 }
 
 
