@@ -5,9 +5,10 @@ model's SLO as deadline) and asks the configured scheduler (DAS by default, TCB 
 FCFS, SJF, EDF) for the next batch of B rows x L tokens once the rows are full, the oldest text has waited
 `batch_wait_s`, or (`dispatch_when_idle`) at once when none of the model's batches runs
 (`placement.tcb.dispatch.batch_ready_at_s`). With `refuse_early`, a call whose texts cannot finish by their deadline
-behind the queued tokens is answered 503 `overloaded` on arrival (`placement.tcb.dispatch.admits`). Texts whose deadline passes before they are scheduled are dropped (TCB §5.2)
-and answered 503. Once the engine has timed a few batches (`batch_cost.BatchCostEstimate`), the scheduler's batch is cut to what finishes
-by its deadlines, and requests that cannot finish in time even alone are dropped before they run
+behind the queued tokens is answered 503 `overloaded` on arrival (`placement.tcb.dispatch.admits`). Texts whose
+deadline passes before they are scheduled are dropped (TCB §5.2) and answered 503. Once the engine has timed a few
+batches (`batch_cost.BatchCostEstimate`), the scheduler's batch is cut to what finishes by its deadlines, and
+requests that cannot finish in time even alone are dropped before they run
 (`placement.tcb.deadline_fit`, AlpaServe §6.5's rule): a late answer counts for nothing and costs the others.
 
 `pack_text_batch` turns a formed batch into one `PackedBatch` (ops/packing.py): the scheduler's texts concatenated
