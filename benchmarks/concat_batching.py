@@ -10,6 +10,13 @@
 3. End to end through Ray Serve (only when the plexserve text replica runs ConcatBatching): the text replica vs a
    plain `@serve.batch` deployment that pads per batch, same model, same load, same CPUs.
 
+4. Long texts (`--long-texts`, its own result file concat_batching_long_texts.json): texts of 100 +- 50 words drawn
+   from the tokenizer's whole-word vocabulary, tokenized once, then embedded end to end (batch forming, packing or
+   padding, forward, pooling) by the text replica's path (DAS batches of the replica's rows, packed, attention per
+   text: `sdpa_segments`), the same path with one block-diagonal mask over each row (`sdpa`), length-sorted padded
+   batches of 32 (sentence-transformers' order) and arrival-order padded batches of 32; interleaved, each run's best
+   of the repeats. Final JSON line: texts_per_s of each, ratio_packed_vs_sorted, ratio_packed_vs_padded.
+
 Final JSON line: ratio_vs_naive, ratio_vs_sorted (concat requests/s over the baseline's), oracle_ratio (concat
 time / oracle time), all at length variance 20 (the same with suffix _variance_100), e2e_ratio_vs_serve_batch,
 max_abs_diff (packed vs per-request embeddings), and more. Engine times are forward passes only (packing and
@@ -369,13 +376,87 @@ def plot(throughputs: dict[int, dict[str, EngineTiming]], utility: dict, path) -
     fig.savefig(path, dpi=120)
 
 
+#: Long texts: words per text, uniform in [mean - spread, mean + spread].
+LONG_WORDS_MEAN, LONG_WORDS_SPREAD = 100, 50
+#: Padded baselines of the long-text part: sentence-transformers' default batch size.
+LONG_PADDED_BATCH_SIZE = 32
+
+
+def long_texts(count: int, tokenizer, rng: random.Random) -> list[str]:
+    """Generated texts of 100 +- 50 words drawn from the tokenizer's whole-word vocabulary."""
+    words = sorted(w for w in tokenizer.get_vocab() if w.isalpha() and len(w) >= 3)
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(LONG_WORDS_MEAN - LONG_WORDS_SPREAD,
+                                                                   LONG_WORDS_MEAN + LONG_WORDS_SPREAD)))
+            for _ in range(count)]
+
+
+@dataclass
+class _Text:
+    payload: list[int]
+
+
+def replica_path(packed: PackedTextEncoder, token_ids: list[list[int]], limit_tokens: int) -> Callable[[], object]:
+    """The text replica's path for all texts queued at once: DAS batches of its rows, packed, forward, pooled."""
+    from placement.core.deployment_spec import ModelSpec
+    from rayserve_apps.engine import FormedBatch
+    from rayserve_apps.engine.text_batches import batching_scheduler_for, pack_text_batch
+
+    spec = ModelSpec.model_validate({"name": "minilm", "kind": "text", "source": "package:all-minilm-l6-v2"})
+    scheduler = batching_scheduler_for(spec, None, limit_tokens)
+
+    def run() -> list:
+        queue = [TextRequest(request_id=_Text(ids), length_tokens=len(ids), arrival_s=0.0, deadline_s=1e9)
+                 for ids in token_ids]
+        out = []
+        while queue:
+            decision = scheduler.form_batch(0.0, queue)
+            queue = decision.remaining(queue)
+            batch = FormedBatch(items=[r.request_id for r in decision.requests], plan=decision, refused=[])
+            out.append(packed.embed_packed(pack_text_batch(batch, scheduler, packed.pad_token_id)).embeddings)
+        return out
+
+    return run
+
+
+def long_text_throughput(count: int, repeats: int) -> dict:
+    """Texts/s of the replica's packed path (per-text and whole-row attention) vs sorted and arrival-order padding."""
+    segments = load_text_encoder(attn_implementation="sdpa_segments")
+    dense = load_text_encoder(attn_implementation="sdpa")
+    texts = long_texts(count, segments.tokenizer, random.Random(1))
+    token_ids = segments.text_tokenizer.encode(texts, truncate_to=segments.max_length)
+    runs = {
+        "replica_packed": replica_path(PackedTextEncoder(segments), token_ids, segments.max_length),
+        "replica_packed_row_mask": replica_path(PackedTextEncoder(dense), token_ids, dense.max_length),
+        "sorted": lambda: SortedBatchingEngine(dense, LONG_PADDED_BATCH_SIZE).embed(token_ids),
+        "padded": lambda: NaiveBatchingEngine(dense, LONG_PADDED_BATCH_SIZE).embed(token_ids),
+    }
+    for run in runs.values():  # warm-up
+        run()
+    seconds = time_engines({name: [run] for name, run in runs.items()}, repeats)
+    texts_per_s = {name: count / s for name, s in seconds.items()}
+    lengths = [len(ids) for ids in token_ids]
+    return {"texts": count, "mean_tokens": statistics.mean(lengths), "max_tokens": max(lengths),
+            "threads": torch.get_num_threads(), "texts_per_s": texts_per_s,
+            "ratio_packed_vs_sorted": texts_per_s["replica_packed"] / texts_per_s["sorted"],
+            "ratio_packed_vs_padded": texts_per_s["replica_packed"] / texts_per_s["padded"],
+            "ratio_segments_vs_row_mask": texts_per_s["replica_packed"] / texts_per_s["replica_packed_row_mask"]}
+
+
 def main() -> None:
     parser = make_parser(__doc__)
     parser.add_argument("--requests", type=int, default=None, help="requests per engine run")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads of the engine part (1: no OpenMP spinning on a shared machine)")
     parser.add_argument("--skip-e2e", action="store_true", help="skip the Ray Serve end-to-end part")
+    parser.add_argument("--long-texts", action="store_true",
+                        help="only the long-text part (100 +- 50 words): replica path vs sorted vs padded")
     args = parser.parse_args()
+    if args.long_texts:
+        torch.set_num_threads(args.threads)
+        figures = long_text_throughput(96 if args.quick else 384, 3 if args.quick else 5)
+        log.info("long texts: %s", {k: round(v, 1) for k, v in figures["texts_per_s"].items()})
+        emit_json({**figures, "quick": args.quick}, name="concat_batching_long_texts")
+        return
     num_requests = args.requests or (128 if args.quick else 1024)
     repeats = 5 if args.quick else 9
     granularity = 2 * SLOT_GRANULARITY_TOKENS if args.quick else SLOT_GRANULARITY_TOKENS

@@ -29,6 +29,7 @@ from models.layers import ActivationState, Layer, parameter_bytes, run_layers
 from models.mpnet_layers import is_mpnet, mpnet_body_layers
 from models.packaged import packaged_model_directory
 from models.partial_load import parameters_on_meta
+from ops.concat_attention import SEGMENT_ATTENTION, register_segment_attention
 from ops.pooling import DEFAULT_POOLING, Pooling, pool_padded
 from placement.core.model_sources import HUB_SOURCE_PREFIX
 
@@ -334,7 +335,10 @@ def load_text_encoder(source: str = MINILM_SOURCE, name: str | None = None, attn
     cache, which is all it reads offline).
 
     weights="none": the model is built from its config with its parameters on the meta device and no tokenizer, and
-    nothing is read (a pipeline stage then loads only its own tensors by name, `models.partial_load`)."""
+    nothing is read (a pipeline stage then loads only its own tensors by name, `models.partial_load`).
+    attn_implementation="sdpa_segments" computes packed rows per request segment (ops/concat_attention.py)."""
+    if attn_implementation == SEGMENT_ATTENTION:
+        register_segment_attention()
     directory = resolve_text_source(source)
     pooling, pooling_width = _sentence_pooling(directory)
     if num_threads is not None:

@@ -9,6 +9,10 @@ transformers' attention implementations read a mask differently:
   a boolean mask would be added as 0/1 and silently let requests attend to each other.
 - sdpa hands the mask to `torch.nn.functional.scaled_dot_product_attention`: a boolean mask (True = attend) and an
   additive float mask are both correct.
+- sdpa_segments (registered here as a transformers `AttentionInterface` entry) takes the [rows, tokens] segment ids
+  themselves (mask kind 'segments') and runs scaled_dot_product_attention once per request segment, so a packed row
+  costs the sum of its requests' len^2 instead of row_len^2; padding positions get zero outputs. Any other mask (the
+  padded path's additive bias) goes to transformers' sdpa unchanged.
 """
 
 from __future__ import annotations
@@ -17,9 +21,14 @@ from typing import Literal
 
 import torch
 
-MaskKind = Literal["additive", "bool"]
+MaskKind = Literal["additive", "bool", "segments"]
+#: The attention implementation that computes packed rows segment by segment.
+SEGMENT_ATTENTION = "sdpa_segments"
+#: Segment id of padding positions (ops/packing.py's PADDING_SEGMENT).
+_PADDING_SEGMENT = 0
 #: Attention implementations and the mask kinds that are correct for them.
-CORRECT_MASK_KINDS: dict[str, tuple[MaskKind, ...]] = {"eager": ("additive",), "sdpa": ("bool", "additive")}
+CORRECT_MASK_KINDS: dict[str, tuple[MaskKind, ...]] = {"eager": ("additive",), "sdpa": ("bool", "additive"),
+                                                       SEGMENT_ATTENTION: ("segments", "bool", "additive")}
 
 
 def block_diagonal_mask(segment_ids: torch.Tensor, kind: MaskKind = "additive",
@@ -27,8 +36,11 @@ def block_diagonal_mask(segment_ids: torch.Tensor, kind: MaskKind = "additive",
     """[rows, tokens] segment ids -> [rows, 1, tokens, tokens] mask: a token attends only to its own segment.
 
     kind 'bool': True where attention is allowed (sdpa). kind 'additive': 0 where allowed, the dtype's most
-    negative value elsewhere (eager and sdpa), as TCB Eq. 6's -inf.
+    negative value elsewhere (eager and sdpa), as TCB Eq. 6's -inf. kind 'segments': the [rows, tokens] segment ids
+    unchanged, which `segment_attention_forward` reads as the mask.
     """
+    if kind == "segments":
+        return segment_ids
     same = segment_ids[:, :, None] == segment_ids[:, None, :]
     if kind == "bool":
         return same[:, None]
@@ -51,3 +63,49 @@ def mask_kind_for(attn_implementation: str, requested: MaskKind | Literal["auto"
         raise ValueError(f"mask kind {requested!r} is wrong for {attn_implementation!r} attention "
                          f"(it adds the mask to the scores); use one of {', '.join(allowed)}")
     return requested
+
+
+def segment_spans(segment_ids: torch.Tensor) -> list[tuple[int, int, int]]:
+    """(row, start, end) of every non-padding segment of [rows, tokens] segment ids; a segment is contiguous."""
+    rows, width = segment_ids.shape
+    flat = segment_ids.reshape(-1).cpu()
+    row_of = torch.arange(rows).repeat_interleave(width)
+    change = torch.ones(flat.numel(), dtype=torch.bool)
+    change[1:] = (flat[1:] != flat[:-1]) | (row_of[1:] != row_of[:-1])
+    starts = torch.nonzero(change).flatten().tolist()
+    ends = starts[1:] + [flat.numel()]
+    ids = flat[starts].tolist()
+    return [(start // width, start % width, start % width + (end - start))
+            for start, end, sid in zip(starts, ends, ids) if sid != _PADDING_SEGMENT]
+
+
+def segment_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                              attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                              **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers attention entry: [rows, heads, tokens, dim] q/k/v -> [rows, tokens, heads, dim] output.
+
+    With segment ids as the mask (a 2-D integer tensor), each request segment attends to itself only, through one
+    scaled_dot_product_attention call over its own tokens (TCB Eq. 6 without computing the masked blocks). Any other
+    mask goes to transformers' sdpa.
+    """
+    if attention_mask is None or attention_mask.dim() != 2 or attention_mask.is_floating_point() \
+            or attention_mask.dtype == torch.bool:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    rows, heads, tokens, dim = query.shape
+    out = query.new_zeros(rows, tokens, heads, dim)
+    for row, start, end in segment_spans(attention_mask):
+        q = query[row:row + 1, :, start:end]
+        k = key[row:row + 1, :, start:end]
+        v = value[row:row + 1, :, start:end]
+        attended = torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling)
+        out[row, start:end] = attended[0].transpose(0, 1)
+    return out, None
+
+
+def register_segment_attention() -> str:
+    """Register `segment_attention_forward` as transformers' attention implementation 'sdpa_segments'."""
+    from transformers import AttentionInterface
+    AttentionInterface.register(SEGMENT_ATTENTION, segment_attention_forward)
+    return SEGMENT_ATTENTION

@@ -103,6 +103,13 @@ class BatchingParams(BaseModel):
     backfill_slots: bool = Field(default=False,
                                  description="slotted_das: fill room left in the slots with other waiting requests "
                                              "(plexserve's addition to TCB Alg. 2; off as in the paper).")
+    dispatch_when_idle: bool = Field(default=True,
+                                     description="Form a batch at once when no batch of the model runs, without the "
+                                                 "batch wait (a text that finds the engine idle runs alone); "
+                                                 "otherwise wait for full rows or the batch wait.")
+    refuse_early: bool = Field(default=True,
+                               description="Refuse a call on arrival (503 overloaded) when the queued tokens ahead of "
+                                           "it cannot finish by its deadline, by the model's measured batch cost.")
     start_allowance_ms: float = Field(default=0.0, ge=0,
                                       description="Drop a request unless it can start this long before its deadline, "
                                                   "in milliseconds.")

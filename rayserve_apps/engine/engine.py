@@ -59,8 +59,9 @@ class BatchFormer(Protocol):
 
     def queued(self) -> int: ...
 
-    def ready_at_s(self, now_s: float) -> float:
-        """When a batch should be formed: `now_s` or earlier when it should run now, later to let it fill."""
+    def ready_at_s(self, now_s: float, batches_running: int = 0) -> float:
+        """When a batch should be formed: `now_s` or earlier when it should run now, later to let it fill;
+        `batches_running`: the model's batches executing now."""
         ...
 
     def form(self, now_s: float) -> FormedBatch: ...
@@ -212,7 +213,7 @@ class ServingEngine:
                 await self._wait(None)  # an arrival, or a batch finishing, sets the event
                 continue
             now = self.clock()
-            ready = self.former.ready_at_s(now)
+            ready = self.former.ready_at_s(now, self._in_flight)
             if ready > now:
                 await self._wait(ready - now)
                 continue

@@ -2,10 +2,13 @@
 
 `TextBatchFormer` keeps a model's waiting texts as `placement.tcb.batch_scheduler.TextRequest`s (length, arrival, the
 model's SLO as deadline) and asks the configured scheduler (DAS by default, TCB Alg. 1; Slotted DAS, Alg. 2;
-FCFS, SJF, EDF) for the next batch of B rows x L tokens once the rows are full or the oldest text has waited
-`batch_wait_s`. Texts whose deadline passes before they are scheduled are dropped (TCB §5.2) and answered 503. Once
-the engine has timed a few batches (`batch_cost.BatchCostEstimate`), the scheduler's batch is cut to what finishes
-by its deadlines, and requests that cannot finish in time even alone are dropped before they run
+FCFS, SJF, EDF) for the next batch of B rows x L tokens once the rows are full, the oldest text has waited
+`batch_wait_s`, or (`dispatch_when_idle`) at once when none of the model's batches runs
+(`placement.tcb.dispatch.batch_ready_at_s`). With `refuse_early`, a call whose texts cannot finish by their deadline
+behind the queued tokens is answered 503 `overloaded` on arrival (`placement.tcb.dispatch.admits`). Texts whose
+deadline passes before they are scheduled are dropped (TCB §5.2) and answered 503. Once the engine has timed a few
+batches (`batch_cost.BatchCostEstimate`), the scheduler's batch is cut to what finishes by its deadlines, and
+requests that cannot finish in time even alone are dropped before they run
 (`placement.tcb.deadline_fit`, AlpaServe §6.5's rule): a late answer counts for nothing and costs the others.
 
 `pack_text_batch` turns a formed batch into one `PackedBatch` (ops/packing.py): the scheduler's texts concatenated
@@ -37,6 +40,8 @@ from placement.arlo.runtimes import ideal_runtime_length
 from placement.core.deployment_spec import ModelSpec, PolicySpec
 from placement.tcb.batch_scheduler import BatchDecision, BatchScheduler, TextRequest, make_batch_scheduler
 from placement.tcb.deadline_fit import fit_to_deadlines
+from placement.tcb.dispatch import admits, batch_ready_at_s
+from rayserve_apps._threads import LoadFollowingThreads
 from rayserve_apps.engine.batch_cost import BatchCostEstimate
 from rayserve_apps.engine.engine import FormedBatch, WorkItem
 from rayserve_apps.requests import RequestError
@@ -74,8 +79,29 @@ class TextBatchFormer:
         self._queued_tokens = 0
         #: Seconds of a batch by its tokens, from the batches run (cuts each batch to its deadlines).
         self.cost = BatchCostEstimate()
+        #: Texts refused on arrival (`refuse_early`).
+        self.refused_early = 0
+
+    def _refuses(self, items: Sequence[WorkItem]) -> bool:
+        if not items or not self.scheduler.params.refuse_early:
+            return False
+        now_s = items[0].arrival_s
+        if not self.cost.ready(now_s):
+            return False
+        deadline_s = min(item.deadline_s for item in items)
+        tokens = sum(len(item.payload) for item in items)
+        return not admits(now_s, deadline_s, self._queued_tokens, tokens, self.capacity_tokens, self.cost.seconds)
 
     def add(self, items: Sequence[WorkItem]) -> None:
+        """Queue one call's texts; refused at once (503 overloaded) when they cannot finish by their deadline."""
+        if self._refuses(items):
+            error = RequestError(503, "overloaded", f"model {self.model!r} is overloaded: the texts queued ahead "
+                                 f"cannot be answered within the {self.slo_ms:g} ms SLO; retry later")
+            for item in items:
+                if not item.future.done():
+                    item.future.set_exception(error)
+            self.refused_early += len(items)
+            return
         for item in items:
             request = TextRequest(request_id=item, length_tokens=len(item.payload), arrival_s=item.arrival_s,
                                   deadline_s=item.deadline_s)
@@ -85,10 +111,10 @@ class TextBatchFormer:
     def queued(self) -> int:
         return len(self._queue)
 
-    def ready_at_s(self, now_s: float) -> float:
-        if self._queued_tokens >= self.capacity_tokens:
-            return now_s
-        return min(r.arrival_s for r in self._queue) + self.batch_wait_s
+    def ready_at_s(self, now_s: float, batches_running: int = 0) -> float:
+        return batch_ready_at_s(now_s, min(r.arrival_s for r in self._queue), self._queued_tokens,
+                                self.capacity_tokens, self.batch_wait_s, batches_running,
+                                self.scheduler.params.dispatch_when_idle)
 
     def form(self, now_s: float) -> FormedBatch:
         live = [r for r in self._queue if not r.request_id.future.done()]  # callers that went away
@@ -145,12 +171,17 @@ class InProcessTextBackend:
     """Runs packed batches through the encoder in a worker thread of this process."""
 
     def __init__(self, packed: PackedTextEncoder, scheduler: BatchScheduler,
-                 on_packed: Callable[[PackedBatch], None] | None = None):
+                 on_packed: Callable[[PackedBatch], None] | None = None,
+                 threads: LoadFollowingThreads | None = None):
         self.packed = packed
         self.scheduler = scheduler
         self.on_packed = on_packed
+        #: Sets torch's threads from the idle cores before each batch (None: the threads stay as set).
+        self.threads = threads
 
     def _run(self, batch: FormedBatch) -> list[np.ndarray]:
+        if self.threads is not None:
+            self.threads.before_batch()  # in the worker thread that runs the forward
         packed = pack_text_batch(batch, self.scheduler, self.packed.pad_token_id)
         if self.on_packed is not None:
             self.on_packed(packed)

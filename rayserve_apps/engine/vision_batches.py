@@ -72,7 +72,7 @@ class ImageBatchFormer:
     def queued(self) -> int:
         return len(self._queue)
 
-    def ready_at_s(self, now_s: float) -> float:
+    def ready_at_s(self, now_s: float, batches_running: int = 0) -> float:
         if len(self._queue) >= self.max_batch_size:
             return now_s
         return self._queue[0].arrival_s + self.batch_wait_s
@@ -103,7 +103,7 @@ class OtasBatchFormer:
     def queued(self) -> int:
         return self.scheduler.num_waiting
 
-    def ready_at_s(self, now_s: float) -> float:
+    def ready_at_s(self, now_s: float, batches_running: int = 0) -> float:
         return now_s  # Alg. 2/3 decide themselves whether a batch runs now
 
     def form(self, now_s: float) -> FormedBatch:

@@ -5,7 +5,10 @@ Every text of every call becomes one item of the replica's serving engine (`rays
 configured TCB scheduler (`spec.policy("batching", model)`: das by default, or slotted_das, fcfs, sjf, edf) forms
 batches of B rows of L tokens, they are packed (ops/packing.py) and the packed forward (models/packed_text.py) runs
 in a worker thread, so new calls keep queueing meanwhile. Texts whose deadline passes before they are scheduled
-are dropped (TCB §5.2) and their call fails with a 503 `deadline_exceeded`.
+are dropped (TCB §5.2) and their call fails with a 503 `deadline_exceeded`; a call that cannot finish in time behind
+the queued texts is refused on arrival with a 503 `overloaded` (`refuse_early`). A text that finds the engine idle
+runs at once (`dispatch_when_idle`); on CPU, packed rows attend per text (`sdpa_segments`, ops/concat_attention.py)
+and torch's threads follow the idle cores before each batch (`rayserve_apps._threads`).
 
 The ingress sends the requests that arrived together in one `embed_batch` call; `embed_token_ids` serves one
 request (handle callers, tests). Custom metrics: tokens per batch, padding fraction, requests per batch, utility
@@ -22,10 +25,11 @@ from ray import serve
 from models.device import CPU_RESOURCE, select_device
 from models.packed_text import PackedTextEncoder
 from models.text_encoder import load_text_encoder
+from ops.concat_attention import SEGMENT_ATTENTION
 from ops.packing import PackedBatch
 from placement.core.deployment_spec import ModelSpec
 from rayserve_apps import metrics
-from rayserve_apps._threads import set_torch_threads_for
+from rayserve_apps._threads import LoadFollowingThreads, set_torch_threads_for
 from rayserve_apps.engine import (
     FormedBatch,
     InProcessTextBackend,
@@ -67,17 +71,21 @@ class TextModelDeployment:
     def __init__(self, model_spec: dict, batching_policy: dict | None = None, device_resource: str = CPU_RESOURCE):
         self.spec = ModelSpec.model_validate(model_spec)
         set_torch_threads_for(self.spec.num_cpus_per_replica)
-        self.encoder = load_text_encoder(self.spec.source, name=self.spec.name)
         #: CUDA when this replica reserved a GPU share and torch sees it (`models.device.select_device`); the
         #: packed batches go there and the embeddings come back as CPU rows.
         self.device = select_device(device_resource)
+        # On CPU a packed row's attention runs per text (cost: sum of len^2); on CUDA one masked kernel per batch.
+        attention = SEGMENT_ATTENTION if self.device.type == "cpu" else "sdpa"
+        self.encoder = load_text_encoder(self.spec.source, name=self.spec.name, attn_implementation=attention)
         self.encoder.model.to(self.device)
         self.limit = min(self.spec.max_input_length_tokens or self.encoder.max_length, self.encoder.max_length)
         self.scheduler = batching_scheduler_for(self.spec, batching_policy, self.limit)
         self._totals = {"real_tokens": 0, "computed_tokens": 0, "utility": 0.0}
         former = TextBatchFormer(self.spec.name, self.scheduler, self.spec.batch_wait_timeout_ms / 1000.0,
                                  self.spec.slo_ms)
-        backend = InProcessTextBackend(PackedTextEncoder(self.encoder), self.scheduler, on_packed=self._packed)
+        threads = LoadFollowingThreads() if self.device.type == "cpu" else None
+        backend = InProcessTextBackend(PackedTextEncoder(self.encoder), self.scheduler, on_packed=self._packed,
+                                       threads=threads)
         self.engine = ServingEngine(self.spec.name, former, backend, on_batch=self._batch_done)
         logger.info("text replica %s: %s batching, %d rows x %d tokens", self.spec.name, self.scheduler.name,
                     self.scheduler.params.num_rows, self.scheduler.params.row_length_tokens)
@@ -115,7 +123,7 @@ class TextModelDeployment:
         return [row.tolist() for row in outcome]
 
     def _count_dropped(self, outcomes: list) -> None:
-        dropped = sum(1 for o in outcomes if getattr(o, "error_type", None) == "deadline_exceeded")
+        dropped = sum(1 for o in outcomes if getattr(o, "error_type", None) in ("deadline_exceeded", "overloaded"))
         if dropped:
             metrics.dropped_requests_total().inc(dropped, tags={"model": self.spec.name})
 
@@ -124,7 +132,8 @@ class TextModelDeployment:
         totals = self.engine.totals
         return {"model": self.spec.name, "batching": self.scheduler.name, "params": self.scheduler.params.model_dump(),
                 "queued_texts": self.engine.queued, "batches": totals.batches, "texts": totals.items,
-                "dropped": totals.refused, "largest_batch": totals.largest_batch, **self._totals}
+                "dropped": totals.refused, "refused_early": self.engine.former.refused_early,
+                "largest_batch": totals.largest_batch, **self._totals}
 
     def check_health(self) -> None:
         if not self.engine.healthy():

@@ -186,7 +186,8 @@ def test_text_former_refuses_a_request_its_batch_cannot_answer_in_time():
 
     async def scenario():
         loop = asyncio.get_running_loop()
-        former = TextBatchFormer("m", make_batch_scheduler("das", {"row_length_tokens": 64}), 0.0, 500.0)
+        scheduler = make_batch_scheduler("das", {"row_length_tokens": 64, "refuse_early": False})  # form-time rule
+        former = TextBatchFormer("m", scheduler, 0.0, 500.0)
         for k in range(MIN_BATCHES):  # batches of 20 tokens took 0.2 s: 0.01 s per token
             former.add([WorkItem([1] * 10, float(k), float(k) + 1.0, loop.create_future()) for _ in range(2)])
             batch = former.form(float(k))

@@ -45,7 +45,8 @@ def app(ray_serve):
             {"name": "minilm", "kind": "text", "source": "package:all-minilm-l6-v2", "num_cpus_per_replica": 0.5,
              "batch_wait_timeout_ms": 50, "slo_ms": 60000, "policies": {"batching": SLOTTED}},
             {"name": "tight", "kind": "text", "source": "package:all-minilm-l6-v2", "num_cpus_per_replica": 0.5,
-             "batch_wait_timeout_ms": 30, "slo_ms": 1},
+             "batch_wait_timeout_ms": 30, "slo_ms": 1,  # waits its batch wait even when idle: past its deadline
+             "policies": {"batching": {"name": "das", "params": {"dispatch_when_idle": False}}}},
         ],
     }
     serve.run(build_app(spec), name=APP, route_prefix="/concat-test", blocking=False)

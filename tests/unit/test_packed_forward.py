@@ -1,5 +1,5 @@
 """The packed (ConcatBatching) forward on the real all-MiniLM-L6-v2 equals per-request outputs, on both attention
-paths, and no request attends to another."""
+paths (per-text segments included), and no request attends to another."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ TEXTS = [
 TOLERANCE = 1e-4
 
 
-@pytest.fixture(scope="module", params=["sdpa", "eager"])
+@pytest.fixture(scope="module", params=["sdpa", "eager", "sdpa_segments"])
 def encoder(request):
     torch.set_num_threads(2)
     return load_text_encoder(attn_implementation=request.param)
