@@ -1,15 +1,35 @@
-"""plexserve's serving mode (`rayserve_apps.fast_ingress`): the environment `make serve` starts Ray with, and the
-wrapper that keeps Serve's HAProxy on the loopback interface. (The mode end to end:
-tests/integration/test_local_config.py.)"""
+"""plexserve's serving mode (`rayserve_apps.fast_ingress`): the environment `make serve` starts Ray with, the
+wrapper that keeps Serve's HAProxy on the loopback interface and caps what it sends the ingress, and a stop that
+leaves nothing behind. (The mode end to end: tests/integration/test_local_config.py.)"""
 
+import json
+import os
 import re
+import signal
+import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import requests
+import yaml
+from conftest import free_port
 from repo_paths import REPO_ROOT
+from waiting import wait_until
 
-from rayserve_apps.fast_ingress import FAST_INGRESS_ENV, LOOPBACK_WRAPPER, haproxy_binary, local_env, main
+from rayserve_apps.fast_ingress import (
+    FAST_INGRESS_ENV,
+    LOOPBACK_WRAPPER,
+    RUN_MARKER_ENV,
+    end_marked_processes,
+    haproxy_binary,
+    ingress_bound,
+    local_env,
+    main,
+    marked_processes,
+    overload_errorfile,
+)
 
 REPO = REPO_ROOT
 
@@ -38,20 +58,169 @@ def test_local_env_is_serves_high_throughput_mode_with_loopback_haproxy():
     assert "RAY_SERVE_HAPROXY_STATS_PORT" not in local_env()
 
 
-def test_the_wrapper_moves_every_listener_to_loopback_and_runs_the_binary_with_the_same_arguments(tmp_path):
+def run_wrapper(tmp_path: Path, config_text: str, **env: str) -> tuple[str, list[str]]:
+    """Runs the wrapper on `config_text` with a stand-in binary; returns the edited config and the binary's args."""
     config = tmp_path / "haproxy.cfg"
-    config.write_text(SERVE_CONFIG)
+    config.write_text(config_text)
     seen = tmp_path / "args"
     binary = tmp_path / "haproxy"
     binary.write_text(f'#!/bin/sh\necho "$@" > {seen}\n')
     binary.chmod(0o755)
     subprocess.run([str(LOOPBACK_WRAPPER), "-db", "-f", str(config), "-sf", "123"], check=True,
-                   env={"PLEXSERVE_HAPROXY_BINARY": str(binary), "PATH": "/usr/bin:/bin"})
-    binds = re.findall(r"bind (\S+)", config.read_text())
+                   env={"PLEXSERVE_HAPROXY_BINARY": str(binary), "PATH": "/usr/bin:/bin", **env})
+    return config.read_text(), seen.read_text().split()
+
+
+def test_the_wrapper_moves_every_listener_to_loopback_and_runs_the_binary_with_the_same_arguments(tmp_path):
+    config, args = run_wrapper(tmp_path, SERVE_CONFIG)
+    binds = re.findall(r"bind (\S+)", config)
     assert binds == ["127.0.0.1:9101", "127.0.0.1:8000", "127.0.0.1:8404"]
-    assert seen.read_text().split() == ["-db", "-f", str(config), "-sf", "123"]
+    assert args == ["-db", "-f", str(tmp_path / "haproxy.cfg"), "-sf", "123"]
+
+
+#: Backend lines as Serve's template renders them: a replica, the backup fallback to Serve's proxy, a tracking server.
+SERVE_BACKENDS = """defaults
+    mode http
+    errorfile 502 /tmp/serve/500.http
+    errorfile 503 /tmp/serve/500.http
+backend plexserve
+    server r1 127.0.0.1:30001 check observe layer4 error-limit 10 on-error mark-down
+    server fallback 127.0.0.1:8001 check backup
+backend plexserve-via-ingress-request-router
+    server r1 127.0.0.1:30001 track plexserve/r1
+"""
+
+
+def test_the_wrapper_caps_each_ingress_replica_and_answers_the_excess_with_plexserves_503(tmp_path):
+    env = local_env(server_maxconn=72)
+    settings = {k: v for k, v in env.items() if k.startswith("PLEXSERVE_HAPROXY") and k != "PLEXSERVE_HAPROXY_BINARY"}
+    config, _ = run_wrapper(tmp_path, SERVE_BACKENDS, **settings)
+    lines = [line.strip() for line in config.splitlines()]
+    assert "server r1 127.0.0.1:30001 check observe layer4 error-limit 10 on-error mark-down maxconn 72" in lines
+    assert "server fallback 127.0.0.1:8001 check backup" in lines
+    assert "server r1 127.0.0.1:30001 track plexserve/r1" in lines
+    assert lines[1] == f"timeout queue {env['PLEXSERVE_HAPROXY_QUEUE_TIMEOUT_MS']}ms"
+    assert f"errorfile 503 {env['PLEXSERVE_HAPROXY_ERRORFILE_503']}" in lines
+    assert "errorfile 502 /tmp/serve/500.http" in lines
+    again, _ = run_wrapper(tmp_path, config, **settings)
+    assert again.count("maxconn") == 1 and again.count("timeout queue") == 1
+
+
+def test_without_a_cap_the_wrapper_leaves_the_backends_as_serve_renders_them(tmp_path):
+    config, _ = run_wrapper(tmp_path, SERVE_BACKENDS)
+    assert config == SERVE_BACKENDS
+
+
+def test_haproxys_refusal_is_a_json_503_with_retry_after(tmp_path):
+    head, body = overload_errorfile(tmp_path).read_bytes().split(b"\r\n\r\n", 1)
+    lines = head.decode().split("\r\n")
+    assert lines[0] == "HTTP/1.1 503 Service Unavailable"
+    headers = dict(line.split(": ", 1) for line in lines[1:])
+    assert headers["content-type"] == "application/json" and headers["retry-after"] == "1"
+    assert int(headers["content-length"]) == len(body)
+    assert json.loads(body)["error"]["type"] == "overloaded"
+
+
+def test_the_cap_is_the_configs_ingress_bound(tmp_path):
+    assert ingress_bound(REPO / "configs" / "local.yaml") == 56 + 16
+    unbounded = tmp_path / "serve.yaml"
+    unbounded.write_text(yaml.safe_dump({"applications": [{"args": {"serving": {"ingress_max_queued_requests": -1,
+                                                                                "ingress_max_ongoing_requests": 8}}}]}))
+    assert ingress_bound(unbounded) is None
+    with pytest.raises(ValueError, match="server_maxconn"):
+        local_env(server_maxconn=0)
+
+
+def test_a_runs_leftover_processes_are_found_by_their_marker_and_ended():
+    marker = f"{os.getpid()}-test"
+    leftover = subprocess.Popen(["sleep", "600"], env={**os.environ, RUN_MARKER_ENV: marker}, start_new_session=True)
+    other = subprocess.Popen(["sleep", "600"], env={**os.environ, RUN_MARKER_ENV: marker + "-other"})
+    try:
+        wait_until(lambda: marked_processes(marker) == [leftover.pid], timeout_s=10, message="marked sleep not found")
+        assert end_marked_processes(marker, grace_s=5) == [leftover.pid]
+        assert leftover.wait(timeout=10) == -signal.SIGTERM
+        assert other.poll() is None
+    finally:
+        for process in (leftover, other):
+            process.kill()
+            process.wait()
 
 
 def test_launcher_without_a_config_says_how_to_call_it():
     with pytest.raises(SystemExit, match="usage: python -m rayserve_apps.fast_ingress CONFIG.yaml"):
         main([])
+
+
+#: The HTTP port of the stop test: the port `make serve` binds (configs/local.yaml), unless this variable names
+#: another (for machines where 8000 is taken by something else).
+STOP_TEST_PORT = int(os.environ.get("PLEXSERVE_STOP_TEST_PORT", "8000"))
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def haproxies_of(launcher_pid: int) -> list[int]:
+    """HAProxy processes started by the run of the launcher `launcher_pid` (their environment carries its marker)."""
+    prefix = f"{RUN_MARKER_ENV}={launcher_pid}-".encode()
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if Path(command[0].decode(errors="replace")).name == "haproxy" and any(v.startswith(prefix) for v in environ):
+            found.append(int(entry.name))
+    return found
+
+
+def small_local_config(path: Path, port: int) -> Path:
+    """configs/local.yaml with minilm alone (no groups, no controller), on `port`."""
+    config = yaml.safe_load((REPO / "configs" / "local.yaml").read_text())
+    config["http_options"]["port"] = port
+    args = config["applications"][0]["args"]
+    args["models"] = [model for model in args["models"] if model["name"] == "minilm"]
+    for key in ("placement", "planning", "controller"):
+        args.pop(key, None)
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.mark.ray
+def test_sigterm_to_the_process_group_of_make_serve_leaves_no_haproxy_and_the_port_free(tmp_path):
+    """As systemd and container runtimes stop a service: SIGTERM to every process of the group that `make serve`'s
+    launcher runs in. Afterwards no HAProxy of the run is left and the HTTP port can be bound again."""
+    port = STOP_TEST_PORT
+    if not port_is_free(port):
+        pytest.fail(f"port {port} is taken before the test starts; stop what holds it or set PLEXSERVE_STOP_TEST_PORT")
+    config = small_local_config(tmp_path / "local.yaml", port)
+    env = {**os.environ, "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
+           "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port())}
+    with open(tmp_path / "serve.log", "wb") as log:
+        launcher = subprocess.Popen([sys.executable, "-m", "rayserve_apps.fast_ingress", str(config)], cwd=REPO,
+                                    env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        def serving() -> bool:
+            assert launcher.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            answer = requests.post(f"http://127.0.0.1:{port}/v1/models/minilm/embed", json={"texts": ["hi"]},
+                                   timeout=30)
+            return answer.status_code == 200 and bool(haproxies_of(launcher.pid))
+
+        wait_until(serving, timeout_s=600, interval_s=2, ignore=(requests.RequestException,),
+                   message=lambda: (tmp_path / "serve.log").read_text()[-3000:])
+        os.killpg(launcher.pid, signal.SIGTERM)
+        launcher.wait(timeout=120)
+        assert haproxies_of(launcher.pid) == []
+        assert port_is_free(port)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+        for pid in haproxies_of(launcher.pid):  # what a failed stop left
+            os.kill(pid, signal.SIGKILL)
