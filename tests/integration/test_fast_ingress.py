@@ -157,7 +157,10 @@ STOP_TEST_PORT = int(os.environ.get("PLEXSERVE_STOP_TEST_PORT", "8000"))
 
 
 def port_is_free(port: int) -> bool:
+    """Whether a server can bind `port` on 127.0.0.1 now, as servers bind (SO_REUSEADDR: closed connections in
+    TIME_WAIT do not count, a listener does)."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
@@ -175,7 +178,8 @@ def haproxies_of(launcher_pid: int) -> list[int]:
             environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if Path(command[0].decode(errors="replace")).name == "haproxy" and any(v.startswith(prefix) for v in environ):
+        if (Path(command[0].decode(errors="replace")).name == "haproxy" and any(v.startswith(prefix) for v in environ)
+                and running(int(entry.name))):
             found.append(int(entry.name))
     return found
 
@@ -192,35 +196,73 @@ def small_local_config(path: Path, port: int) -> Path:
     return path
 
 
+def child_of(parent_pid: int) -> int | None:
+    try:
+        children = Path(f"/proc/{parent_pid}/task/{parent_pid}/children").read_text().split()
+    except OSError:
+        return None
+    return int(children[0]) if children else None
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie nobody reaps counts as ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 @pytest.mark.ray
 def test_sigterm_to_the_process_group_of_make_serve_leaves_no_haproxy_and_the_port_free(tmp_path):
-    """As systemd and container runtimes stop a service: SIGTERM to every process of the group that `make serve`'s
-    launcher runs in. Afterwards no HAProxy of the run is left and the HTTP port can be bound again."""
+    """As systemd and container runtimes stop a service: SIGTERM to every process of the group `make serve` runs
+    in. The launcher runs under a parent that leads the group, as under make (`serve run` leaves the group it
+    starts in when it starts Ray, so a launcher that became `serve run` would not get the signal). Afterwards no
+    process of the run is left, no HAProxy among them, and the HTTP port can be bound again."""
     port = STOP_TEST_PORT
     if not port_is_free(port):
         pytest.fail(f"port {port} is taken before the test starts; stop what holds it or set PLEXSERVE_STOP_TEST_PORT")
     config = small_local_config(tmp_path / "local.yaml", port)
     env = {**os.environ, "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
            "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port())}
+    launch = [sys.executable, "-m", "rayserve_apps.fast_ingress", str(config)]
+    parent = f"import subprocess, sys; sys.exit(subprocess.call({launch!r}))"
     with open(tmp_path / "serve.log", "wb") as log:
-        launcher = subprocess.Popen([sys.executable, "-m", "rayserve_apps.fast_ingress", str(config)], cwd=REPO,
-                                    env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        make = subprocess.Popen([sys.executable, "-c", parent], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    launcher = wait_until(lambda: child_of(make.pid), timeout_s=60, message="the launcher did not start")
     try:
         def serving() -> bool:
-            assert launcher.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            assert running(launcher), (tmp_path / "serve.log").read_text()[-3000:]
             answer = requests.post(f"http://127.0.0.1:{port}/v1/models/minilm/embed", json={"texts": ["hi"]},
                                    timeout=30)
-            return answer.status_code == 200 and bool(haproxies_of(launcher.pid))
+            return answer.status_code == 200 and bool(haproxies_of(launcher))
 
         wait_until(serving, timeout_s=600, interval_s=2, ignore=(requests.RequestException,),
                    message=lambda: (tmp_path / "serve.log").read_text()[-3000:])
-        os.killpg(launcher.pid, signal.SIGTERM)
-        launcher.wait(timeout=120)
-        assert haproxies_of(launcher.pid) == []
+        os.killpg(make.pid, signal.SIGTERM)
+        make.wait(timeout=60)
+        wait_until(lambda: not running(launcher), timeout_s=120, message="the launcher outlived the SIGTERM")
+        assert haproxies_of(launcher) == []
+        assert marked_processes_of(launcher) == []
         assert port_is_free(port)
     finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.wait()
-        for pid in haproxies_of(launcher.pid):  # what a failed stop left
-            os.kill(pid, signal.SIGKILL)
+        for pid in [launcher, *marked_processes_of(launcher)]:  # what a failed stop left
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
+        if make.poll() is None:
+            make.kill()
+            make.wait()
+
+
+def marked_processes_of(launcher_pid: int) -> list[int]:
+    """Live processes of the run of launcher `launcher_pid` (their environment carries its marker)."""
+    prefix = f"{RUN_MARKER_ENV}={launcher_pid}-".encode()
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(v.startswith(prefix) for v in environ) and running(int(entry.name)):
+            found.append(int(entry.name))
+    return found
