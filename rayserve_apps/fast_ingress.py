@@ -123,7 +123,9 @@ def local_env(stats_port: int | None = None, metrics_port: int | None = None,
     127.0.0.1: `FAST_INGRESS_ENV` plus the loopback wrapper, the short drain and HAProxy's JSON 503. HAProxy's stats
     and Prometheus ports are fixed per machine (Serve's defaults 8404 and 9101); tests and benchmarks pass free ones
     so that they can run beside `make serve`. With `server_maxconn`, HAProxy sends each ingress replica at most that
-    many requests at once and refuses what waits past `QUEUE_TIMEOUT_MS` for a turn (`haproxy_loopback.sh`)."""
+    many requests at once and refuses what waits past `QUEUE_TIMEOUT_MS` for a turn (`haproxy_loopback.sh`); the
+    variables PLEXSERVE_HAPROXY_SERVER_MAXCONN and PLEXSERVE_HAPROXY_QUEUE_TIMEOUT_MS in this process's environment
+    take the place of both."""
     env = {**FAST_INGRESS_ENV,
            "RAY_SERVE_HAPROXY_BINARY_PATH": str(LOOPBACK_WRAPPER),
            "PLEXSERVE_HAPROXY_BINARY": haproxy_binary(),
@@ -136,8 +138,9 @@ def local_env(stats_port: int | None = None, metrics_port: int | None = None,
     if server_maxconn is not None:
         if server_maxconn < 1:
             raise ValueError(f"server_maxconn must be at least 1, got {server_maxconn}")
-        env["PLEXSERVE_HAPROXY_SERVER_MAXCONN"] = str(server_maxconn)
-        env["PLEXSERVE_HAPROXY_QUEUE_TIMEOUT_MS"] = str(QUEUE_TIMEOUT_MS)
+        for key, value in (("PLEXSERVE_HAPROXY_SERVER_MAXCONN", server_maxconn),
+                           ("PLEXSERVE_HAPROXY_QUEUE_TIMEOUT_MS", QUEUE_TIMEOUT_MS)):
+            env[key] = os.environ.get(key, str(value))
     return env
 
 
