@@ -587,14 +587,14 @@ def run_session(ingress: str, args, out: Path) -> None:
 
 def session_env(ingress: str) -> dict[str, str]:
     """The environment of a session's process: Serve's defaults, or plexserve's fast ingress as `make serve` runs it
-    (HAProxy capped at the config's ingress bound; free ports for HAProxy's stats and metrics so that the run can go
+    (HAProxy capped at the config's ingress turns; free ports for HAProxy's stats and metrics so that the run can go
     on beside `make serve`)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_SERVE_")}
     if ingress == "fast_ingress":
-        from rayserve_apps.fast_ingress import ingress_bound, local_env
+        from rayserve_apps.fast_ingress import ingress_turns, local_env
 
         env.update(local_env(stats_port=free_port(), metrics_port=free_port(),
-                             server_maxconn=ingress_bound(PLEXSERVE_CONFIG)))
+                             server_maxconn=ingress_turns(PLEXSERVE_CONFIG)))
     return env
 
 

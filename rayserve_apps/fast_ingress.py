@@ -28,8 +28,9 @@ moved to 127.0.0.1 by `haproxy_loopback.sh`, and a draining ingress replica wait
 `make serve` stops cleanly however it is stopped (`run_serve`): `serve run` runs in a session of its own, a stop
 signal becomes its Ctrl-C with a deadline, and every process of the run left afterwards is ended.
 
-Past the spec's ingress bound, HAProxy itself holds the excess in its queue for at most `QUEUE_TIMEOUT_MS` and then
-refuses it with a JSON 503 (`overload_errorfile`), which costs the ingress replica's Python nothing.
+HAProxy sends each ingress replica at most the spec's `serving.ingress_max_ongoing_requests` at once; the excess waits
+in HAProxy's queue for at most `QUEUE_TIMEOUT_MS` and is then refused with a JSON 503 (`overload_errorfile`), which
+costs the ingress replica's Python nothing.
 
 This module imports neither Ray nor torch.
 """
@@ -55,9 +56,9 @@ FAST_INGRESS_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
 LOCAL_DRAIN_S = 1.0
 #: The wrapper that starts Serve's HAProxy with every listener on 127.0.0.1.
 LOOPBACK_WRAPPER = Path(__file__).with_name("haproxy_loopback.sh")
-#: Milliseconds a request waits in HAProxy's queue for one of an ingress replica's turns before HAProxy refuses it
-#: (the turns are the spec's ingress bound); short, so that what is served is served within the SLO.
-QUEUE_TIMEOUT_MS = 100
+#: Milliseconds a request waits in HAProxy's queue for one of an ingress replica's turns before HAProxy refuses it:
+#: with the turns' own time (turns / answers per second) below the SLO's rest, what is served is served in time.
+QUEUE_TIMEOUT_MS = 500
 #: Seconds HAProxy's refusal asks a client to wait (`Retry-After`).
 OVERLOAD_RETRY_AFTER_S = 1
 #: Environment variable that marks every process of one `make serve` run (`run_serve`); its value is unique per run.
@@ -105,15 +106,16 @@ def overload_errorfile(folder: Path | None = None) -> Path:
     return path
 
 
-def ingress_bound(config_path: Path) -> int | None:
-    """Requests the ingress of a Serve config's plexserve application holds at most (`serving.ingress_max_ongoing_
-    requests` + `ingress_max_queued_requests`), or None when the config does not bound them."""
+def ingress_turns(config_path: Path) -> int | None:
+    """Requests the ingress of a Serve config's plexserve application runs at once (`serving.ingress_max_ongoing_
+    requests`) when the config bounds what it holds (`ingress_max_queued_requests` >= 0), else None. HAProxy sends
+    each ingress replica at most that many; what waits for a turn waits in HAProxy's queue, bounded in time."""
     config = yaml.safe_load(Path(config_path).read_text()) or {}
     for application in config.get("applications") or []:
         serving = (application.get("args") or {}).get("serving") or {}
         running, waiting = serving.get("ingress_max_ongoing_requests"), serving.get("ingress_max_queued_requests")
         if running is not None and waiting is not None and waiting >= 0:
-            return int(running) + int(waiting)
+            return int(running)
     return None
 
 
@@ -244,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args or args[0].startswith("-"):
         raise SystemExit("usage: python -m rayserve_apps.fast_ingress CONFIG.yaml [serve run options]")
     serve = Path(sys.executable).with_name("serve")
-    env = local_env(server_maxconn=ingress_bound(Path(args[0])) if Path(args[0]).is_file() else None)
+    env = local_env(server_maxconn=ingress_turns(Path(args[0])) if Path(args[0]).is_file() else None)
     sys.exit(run_serve([str(serve), "run", *args], {**os.environ, **env}))
 
 

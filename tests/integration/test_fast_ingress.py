@@ -24,7 +24,7 @@ from rayserve_apps.fast_ingress import (
     RUN_MARKER_ENV,
     end_marked_processes,
     haproxy_binary,
-    ingress_bound,
+    ingress_turns,
     local_env,
     main,
     marked_processes,
@@ -121,12 +121,13 @@ def test_haproxys_refusal_is_a_json_503_with_retry_after(tmp_path):
     assert json.loads(body)["error"]["type"] == "overloaded"
 
 
-def test_the_cap_is_the_configs_ingress_bound(tmp_path):
-    assert ingress_bound(REPO / "configs" / "local.yaml") == 56 + 16
+def test_the_cap_is_the_configs_ingress_turns(tmp_path):
+    serving = yaml.safe_load((REPO / "configs" / "local.yaml").read_text())["applications"][0]["args"]["serving"]
+    assert ingress_turns(REPO / "configs" / "local.yaml") == serving["ingress_max_ongoing_requests"]
     unbounded = tmp_path / "serve.yaml"
     unbounded.write_text(yaml.safe_dump({"applications": [{"args": {"serving": {"ingress_max_queued_requests": -1,
                                                                                 "ingress_max_ongoing_requests": 8}}}]}))
-    assert ingress_bound(unbounded) is None
+    assert ingress_turns(unbounded) is None
     with pytest.raises(ValueError, match="server_maxconn"):
         local_env(server_maxconn=0)
 
