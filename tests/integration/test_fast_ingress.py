@@ -152,6 +152,62 @@ def test_launcher_without_a_config_says_how_to_call_it():
         main([])
 
 
+#: A stand-in for `serve run`: starts a child in a session of its own (as Serve starts HAProxy), writes its pid,
+#: and on SIGINT writes that it got it and exits, leaving the child behind (or ignores SIGINT with `ignore`).
+FAKE_SERVE_RUN = """
+import pathlib, signal, subprocess, sys, time
+child = subprocess.Popen(["sleep", "600"], start_new_session=True)
+def stop(*_):
+    pathlib.Path(sys.argv[2]).write_text("SIGINT")
+    if sys.argv[3] != "ignore":
+        sys.exit(0)
+signal.signal(signal.SIGINT, stop)
+pathlib.Path(sys.argv[1]).write_text(str(child.pid))
+while True:
+    time.sleep(0.05)
+"""
+
+
+def launch_fake_serve_run(tmp_path: Path, mode: str, deadline_s: float) -> tuple[subprocess.Popen, int]:
+    """`run_serve` over FAKE_SERVE_RUN in a process group of its own; returns it and the stand-in's child's pid."""
+    fake = tmp_path / "fake_serve_run.py"
+    fake.write_text(FAKE_SERVE_RUN)
+    pid_file, got = tmp_path / "child.pid", tmp_path / "got"
+    code = ("import os, sys; from rayserve_apps.fast_ingress import run_serve; "
+            f"sys.exit(run_serve([sys.executable, {str(fake)!r}, {str(pid_file)!r}, {str(got)!r}, {mode!r}], "
+            f"dict(os.environ), stop_deadline_s={deadline_s}))")
+    launcher = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, start_new_session=True)
+    child = wait_until(lambda: pid_file.exists() and pid_file.read_text() and int(pid_file.read_text()), timeout_s=60,
+                       message="the stand-in did not start")
+    return launcher, child
+
+
+def test_a_stop_signal_becomes_serve_runs_ctrl_c_and_what_it_leaves_is_ended(tmp_path):
+    launcher, child = launch_fake_serve_run(tmp_path, "exit", deadline_s=30)
+    try:
+        os.killpg(launcher.pid, signal.SIGTERM)
+        assert launcher.wait(timeout=60) == 0
+        assert (tmp_path / "got").read_text() == "SIGINT"
+        wait_until(lambda: not running(child), timeout_s=10, message="the run's leftover child is still there")
+    finally:
+        for pid in (launcher.pid, child):
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_serve_run_that_does_not_stop_is_killed_at_the_deadline(tmp_path):
+    launcher, child = launch_fake_serve_run(tmp_path, "ignore", deadline_s=1)
+    try:
+        os.kill(launcher.pid, signal.SIGINT)
+        assert launcher.wait(timeout=60) == 128 + signal.SIGKILL
+        assert (tmp_path / "got").read_text() == "SIGINT"
+        wait_until(lambda: not running(child), timeout_s=10, message="the run's leftover child is still there")
+    finally:
+        for pid in (launcher.pid, child):
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 #: The HTTP port of the stop test: the port `make serve` binds (configs/local.yaml), unless this variable names
 #: another (for machines where 8000 is taken by something else).
 STOP_TEST_PORT = int(os.environ.get("PLEXSERVE_STOP_TEST_PORT", "8000"))
