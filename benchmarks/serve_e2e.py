@@ -818,7 +818,7 @@ def main(argv: list[str] | None = None) -> None:
     import subprocess
     import tempfile
 
-    from benchmarks._common import RESULTS_DIR
+    from benchmarks._common import RESULTS_DIR, rerun_command
 
     args = parse_args(argv)
     if args.session:
@@ -856,6 +856,8 @@ def main(argv: list[str] | None = None) -> None:
             points += json.loads(out.read_text())
 
     figures = run_figures(points, args.mixes, args.clients, bounds)
+    for mix in args.mixes:  # which invocation measured each mix (a merged result holds several)
+        figures[mix]["command"] = rerun_command("serve_e2e", sys.argv if argv is None else ["serve_e2e", *argv])
     figures.update({"machine": machine_description(), "quick": args.quick, "device": args.device, "points": points,
                     "infinity_emb": infinity_note, "mixes": args.mixes})
     previous_path = RESULTS_DIR / "serve_e2e.json"
