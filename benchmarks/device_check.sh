@@ -6,7 +6,7 @@
 #
 # Steps, each with its own time limit (together 8 minutes at most):
 #   cuda-tests       pytest -m cuda (the tests that need a GPU; each skips cleanly without one)
-#   serve_e2e        benchmarks/serve_e2e.py --quick --device cuda (fast ingress, 1 and 16 clients, no overload)
+#   serve_e2e        benchmarks/serve_e2e.py --quick --device cuda (fast ingress, short texts, 1 and 16 clients, no overload, no soak)
 #   parallel_runtime benchmarks/parallel_runtime.py --quick --device cuda
 #   many_models      benchmarks/many_models.py --sim-only --quick (the live comparison is not built yet)
 # Each step's stdout (a benchmark's final JSON line) goes to <out>/<step>.out, its stderr to <out>/<step>.err, and
@@ -39,7 +39,7 @@ OUT_DIR="${OUT:-$ROOT/benchmarks/out/device_check}"
 # name | seconds allowed | command (arguments split on spaces)
 STEPS=(
     "cuda-tests|90|$PYTHON -m pytest -q -m cuda tests"
-    "serve_e2e|150|$PYTHON benchmarks/serve_e2e.py --quick --device cuda --ingress fast_ingress --clients 1 16 --skip-overload"
+    "serve_e2e|150|$PYTHON benchmarks/serve_e2e.py --quick --device cuda --ingress fast_ingress --clients 1 16 --skip-overload --mixes short --soak-s 0 --skip-infinity"
     "parallel_runtime|120|$PYTHON benchmarks/parallel_runtime.py --quick --device cuda"
 )
 if [[ -f benchmarks/many_models.py ]]; then

@@ -400,6 +400,45 @@ def _number(value: Any) -> str:
     return json.dumps(value) if not isinstance(value, str) else value
 
 
+#: serve_e2e's text mixes and closed-loop client counts, in the order its comparison table shows them.
+SERVE_E2E_MIXES = ("short", "long", "mixed")
+SERVE_E2E_SIDES = (("plexserve", "plexserve"), ("plain", "plain Serve"), ("infinity", "infinity-emb"))
+
+
+def serve_e2e_table(figures: dict[str, Any]) -> str:
+    """serve_e2e's sides side by side: answers/s per mix and client count, plexserve's ratios, p50 with one client,
+    goodput at 4x overload; then the soak's growth figures. Empty when the figures hold no mix."""
+    rows = []
+    for mix in SERVE_E2E_MIXES:
+        figs = figures.get(mix)
+        if not isinstance(figs, dict):
+            continue
+        counts = sorted({int(key.rsplit("_", 1)[1]) for key in figs if key.startswith("ok_per_s_plexserve_")})
+        for count in counts:
+            row = [mix, count] + [_number(figs[f"ok_per_s_{side}_{count}"]) if f"ok_per_s_{side}_{count}" in figs
+                                  else "-" for side, _ in SERVE_E2E_SIDES]
+            row += [_number(figs[key]) if key in figs else "-"
+                    for key in (f"ratio_vs_plain_{count}", f"ratio_vs_infinity_{count}")]
+            row += [_number(figs.get(f"p50_ms_{side}_{count}", "-")) if count == 1 else ""
+                    for side in ("plexserve", "infinity")]
+            row.append(_number(figs["goodput_ratio_overload_4x"]) if count == counts[-1]
+                       and "goodput_ratio_overload_4x" in figs else "")
+            rows.append(row)
+    if not rows:
+        return ""
+    header = ["texts", "clients", *[f"{label} ok/s" for _, label in SERVE_E2E_SIDES], "ratio vs plain",
+              "ratio vs infinity-emb", "p50 ms plexserve", "p50 ms infinity-emb", "goodput at 4x overload / peak"]
+    out = [_table(header, rows) + "\n"]
+    if "rss_growth" in figures:
+        out.append(f"Soak on the mixed texts: `rss_growth` {_number(figures['rss_growth'])}, `p99_growth` "
+                   f"{_number(figures.get('p99_growth'))}.\n\n")
+    return "".join(out)
+
+
+#: Benchmarks whose section opens with a table of their own before the figures.
+SECTION_TABLES = {"serve_e2e": serve_e2e_table}
+
+
 def benchmarks_page() -> str:
     out = [GENERATED_NOTE.format(source="benchmarks/results/*.json"), "# Benchmarks\n\n",
            "Every benchmark in `benchmarks/` runs with `python -m benchmarks.NAME --quick` (drop `--quick` for the "
@@ -423,6 +462,8 @@ def benchmarks_page() -> str:
             ["machine", record.get("machine", "")], ["date", record.get("date", "")],
             ["commit", f"`{record.get('commit', '')}`"], ["command", f"`{record.get('command', '')}`"],
             ["result file", f"`benchmarks/results/{name}.json`"]]) + "\n")
+        if name in SECTION_TABLES:
+            out.append(SECTION_TABLES[name](record.get("figures", {})))
         out.append(_table(["figure", "value"], [[f"`{key}`", value]
                                                 for key, value in _flatten(record.get("figures", {}))]) + "\n")
     if missing:
