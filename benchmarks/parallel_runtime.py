@@ -46,15 +46,10 @@ benchmarks/out/.
 from __future__ import annotations
 
 import argparse
-import io
 import os
-import pickle
-import socket
 import statistics
-import struct
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -68,6 +63,7 @@ import ray  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks._common import emit_json, make_parser, out_dir, setup_logging  # noqa: E402
+from benchmarks._pickle_socket_baseline import PickleSocketLinks, PickleSocketRelay  # noqa: E402
 from models.device import CPU_RESOURCE, GPU_RESOURCE  # noqa: E402
 from models.layers import run_layers  # noqa: E402
 from parallel.configurations import ModelPlanner  # noqa: E402
@@ -361,108 +357,7 @@ def planned_vs_even(directory: str, comm, args) -> dict:
     return result
 
 
-# ---- the hop comparison: the stage transport against pickled frames over sockets ----
-# The baseline of the comparison, in this benchmark only: a relay of pickled frames over TCP sockets on 127.0.0.1.
-# Each stage reads a length-prefixed pickle (tensors as numpy arrays) from its socket, unpickles it and writes it on,
-# pickled again, to the next stage's socket.
-
-#: Frame header: the payload's length, 8 bytes big-endian (a format string: the relay class is pickled by value
-#: when this file runs as a script, and a `struct.Struct` does not pickle).
-_FRAME_FORMAT = "!Q"
-_FRAME_HEADER_BYTES = 8
-
-
-class _FramePickler(pickle.Pickler):
-    """Pickles a CPU tensor as its numpy array (its raw bytes, dtype and shape), rebuilt by `torch.tensor` (a copy
-    the receiver owns); both importable wherever the frame is read."""
-
-    def reducer_override(self, obj):
-        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu" and type(obj) is torch.Tensor:
-            return torch.tensor, (obj.detach().contiguous().numpy(),)
-        return NotImplemented
-
-
-def _send_frame(sock: socket.socket, obj) -> None:
-    buffer = io.BytesIO()
-    buffer.write(bytes(_FRAME_HEADER_BYTES))
-    _FramePickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    frame = buffer.getbuffer()
-    struct.pack_into(_FRAME_FORMAT, frame, 0, len(frame) - _FRAME_HEADER_BYTES)
-    sock.sendall(frame)
-    frame.release()
-
-
-def _recv_exactly(sock: socket.socket, num_bytes: int) -> bytearray:
-    buffer, received = bytearray(num_bytes), 0
-    view = memoryview(buffer)
-    while received < num_bytes:
-        count = sock.recv_into(view[received:])
-        if count == 0:
-            raise EOFError("the peer closed the socket")
-        received += count
-    return buffer
-
-
-def _recv_frame(sock: socket.socket):
-    (length,) = struct.unpack(_FRAME_FORMAT, _recv_exactly(sock, _FRAME_HEADER_BYTES))
-    return pickle.loads(_recv_exactly(sock, length))
-
-
-def _listener() -> socket.socket:
-    return socket.create_server(("127.0.0.1", 0))
-
-
-def _no_delay(sock: socket.socket) -> socket.socket:
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
-
-
-class PickleSocketRelay:
-    """A Ray actor body relaying pickled frames from its listener to the next stage's."""
-
-    def __init__(self):
-        torch.set_num_threads(1)
-
-    def open(self) -> tuple[str, int]:
-        self._listener = _listener()
-        return self._listener.getsockname()[:2]
-
-    def start(self, downstream: tuple[str, int]) -> None:
-        threading.Thread(target=self._relay, args=(self._listener, tuple(downstream)), daemon=True).start()
-
-    @staticmethod
-    def _relay(listener: socket.socket, downstream: tuple[str, int]) -> None:
-        out = _no_delay(socket.create_connection(downstream))
-        upstream = _no_delay(listener.accept()[0])
-        try:
-            while True:
-                _send_frame(out, _recv_frame(upstream))
-        except (OSError, EOFError):
-            pass
-        finally:
-            for sock in (out, upstream, listener):
-                sock.close()
-
-
-class PickleSocketChain:
-    """The owner's end of a chain of `PickleSocketRelay` actors; `roundtrip` sends one state and waits for it."""
-
-    def __init__(self, actors):
-        listener = _listener()
-        addresses = ray.get([actor.open.remote() for actor in actors])
-        following = [*addresses[1:], listener.getsockname()[:2]]
-        ray.get([actor.start.remote(address) for actor, address in zip(actors, following)])
-        self._input = _no_delay(socket.create_connection(tuple(addresses[0])))
-        self._output = _no_delay(listener.accept()[0])
-        listener.close()
-
-    def roundtrip(self, state):
-        _send_frame(self._input, (0, state))
-        return _recv_frame(self._output)
-
-    def close(self) -> None:
-        self._input.close()
-        self._output.close()
+# ---- the hop comparison: the stage transport against the former pickled-socket links ----
 
 
 def _sequential_s(call, requests: int) -> float:
@@ -485,14 +380,12 @@ def hop_comparison(payload_bytes: int = HOP_COMPARISON_BYTES) -> dict:
     probes = [ray.remote(CommProbe).options(num_cpus=0.5).remote() for _ in range(2)]
     relays = [ray.remote(PickleSocketRelay).options(num_cpus=0.5).remote() for _ in range(2)]
     chains = {"stage_transport": {n: PipelineTransport([[actor] for actor in probes[:n]]) for n in (1, 2)},
-              "pickle_socket": {n: PickleSocketChain(relays[:n]) for n in (1, 2)}}
-    calls = {"stage_transport": lambda chain: (lambda: chain.submit(state).result()),
-             "pickle_socket": lambda chain: (lambda: chain.roundtrip(state))}
+              "pickle_socket": {n: PickleSocketLinks(relays[:n]) for n in (1, 2)}}
     hops: dict[str, list[float]] = {name: [] for name in chains}
     try:
         for number in range(HOP_COMPARISON_ROUNDS):
             for name in (list(chains) if number % 2 == 0 else list(reversed(chains))):
-                latency = {n: _sequential_s(calls[name](chain), HOP_COMPARISON_REQUESTS)
+                latency = {n: _sequential_s(lambda: chain.submit(state).result(), HOP_COMPARISON_REQUESTS)
                            for n, chain in chains[name].items()}
                 hops[name].append(max(0.0, latency[2] - latency[1]))
     finally:
