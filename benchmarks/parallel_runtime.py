@@ -71,6 +71,7 @@ from parallel.group_runtime import ModelParallelGroup  # noqa: E402
 from parallel.plan import ParallelPlan, StagePlan  # noqa: E402
 from parallel.profiler import (  # noqa: E402
     CommProbe,
+    ForeignLoadMeter,
     LayerProfileSet,
     ModelLayerProfile,
     device_description,
@@ -126,6 +127,9 @@ PLANNED_VS_EVEN_EXTRA_ROUNDS = 2
 HOP_COMPARISON_BYTES = 1 << 20
 HOP_COMPARISON_REQUESTS = 30
 HOP_COMPARISON_ROUNDS = 3
+#: The fewest cores the prediction leaves the stages beyond the cluster's background when other processes load the
+#: host (a floor that keeps the price finite under any foreign load).
+MIN_CORES_LEFT = 0.25
 CONFIGS = {
     "1-stage": ParallelConfig(intra_op_degree=1, pipeline_stages=1),
     "2-stage": ParallelConfig(intra_op_degree=1, pipeline_stages=2),
@@ -152,16 +156,20 @@ def _lone_request(group: ModelParallelGroup, state, expected) -> tuple[float, fl
 def _burst(group: ModelParallelGroup, states, expected, requests: int) -> dict:
     """A burst of `requests` in flight. Throughput is its steady state: answers per second between its first answer
     and its last (the pipeline's fill before the first answer is latency, which lone requests measure); the whole
-    burst's rate is kept beside it."""
+    burst's rate is kept beside it, and the CPU load of processes other than this benchmark's (`ForeignLoadMeter`)
+    over the burst."""
     answered_at: list[float] = []
+    meter = ForeignLoadMeter()
+    meter.start()
     start = time.perf_counter()
     pending = [group.submit(states[i % len(states)]) for i in range(requests)]
     for future in pending:
         future.add_done_callback(lambda _: answered_at.append(time.perf_counter()))
     outputs = [group.result(future) for future in pending]
     elapsed = time.perf_counter() - start
+    foreign = meter.stop()
     return {"throughput_rps": (len(answered_at) - 1) / (max(answered_at) - min(answered_at)),
-            "burst_throughput_rps": requests / elapsed,
+            "burst_throughput_rps": requests / elapsed, "foreign_cpu_cores": foreign or 0.0,
             "max_abs_diff": max((o.hidden - expected[i % len(states)]).abs().max().item()
                                 for i, o in enumerate(outputs))}
 
@@ -253,12 +261,19 @@ def bench_model(source: ModelSource, comm, args, figures: dict) -> None:
         latency = statistics.median(r["latency_s"] for r in measured)
         throughput = statistics.median(r["throughput_rps"] for r in measured)
         burst_throughput = statistics.median(r["burst_throughput_rps"] for r in measured)
+        foreign = statistics.median(r["foreign_cpu_cores"] for r in measured)
         predicted = predictions[label]
         predicted_latency = predicted.latency(BATCH_SIZE)
-        predicted_throughput = predicted.throughput_rps(BATCH_SIZE, host_cores)  # steady state, as measured
+        # The stages share the host's cores with whatever else runs on it: throughput is priced on the cores the
+        # other processes left during the bursts, and beside it on all of them.
+        left = None
+        if host_cores is not None:
+            left = max(host_cores - foreign, predicted.background_cpu_cores + MIN_CORES_LEFT)
+        predicted_throughput = predicted.throughput_rps(BATCH_SIZE, left)  # steady state, as measured
+        predicted_throughput_all_cores = predicted.throughput_rps(BATCH_SIZE, host_cores)
         # The whole burst of `throughput_requests` submitted at once: the first after the latency, then a period each.
         burst = args.throughput_requests
-        predicted_burst_throughput = burst * BATCH_SIZE / predicted.burst_s(burst, BATCH_SIZE, host_cores)
+        predicted_burst_throughput = burst * BATCH_SIZE / predicted.burst_s(burst, BATCH_SIZE, left)
         uncapped_throughput = predicted.throughput_rps(BATCH_SIZE)  # the former prediction: 1 / slowest stage
         results[label] = {
             "latency_s": latency, "throughput_rps": throughput, "burst_throughput_rps": burst_throughput,
@@ -268,6 +283,9 @@ def bench_model(source: ModelSource, comm, args, figures: dict) -> None:
             "weight_bytes_per_actor": weight_bytes[label],
             **({"stage_memory_vs_planned": memory[label]} if label in memory else {}),
             "predicted_latency_s": predicted_latency, "predicted_throughput_rps": predicted_throughput,
+            "foreign_cpu_cores": foreign, "host_cores_left": left,
+            "predicted_throughput_rps_all_cores": predicted_throughput_all_cores,
+            "throughput_error_all_cores": abs(predicted_throughput_all_cores - throughput) / throughput,
             "predicted_throughput_rps_slowest_stage_only": uncapped_throughput,
             "predicted_cpu_per_request_s": predicted.cpu_per_batch_s(BATCH_SIZE) / BATCH_SIZE,
             "throughput_error_slowest_stage_only": abs(uncapped_throughput - throughput) / throughput,
@@ -499,6 +517,7 @@ def main() -> None:
     png = plot(figures, list(args.configs))
     configs = [r[label] for r in figures.values() for label in args.configs]
     errors = [c[k] for c in configs for k in ("latency_error", "throughput_error")]
+    errors_all_cores = [c[k] for c in configs for k in ("latency_error", "throughput_error_all_cores")]
     errors_uncapped = [c[k] for c in configs for k in ("latency_error_stages_only",
                                                         "throughput_error_slowest_stage_only")]
     ratios = {name: r["pipeline2_throughput_ratio_median_of_rounds"] for name, r in figures.items()}
@@ -513,6 +532,8 @@ def main() -> None:
         "pipeline2_burst_throughput_ratio_per_model": burst_ratios,
         "max_burst_throughput_error": max(c["burst_throughput_error"] for c in configs),
         "max_prediction_error": max(errors),
+        "max_prediction_error_all_cores": max(errors_all_cores),
+        "foreign_cpu_cores_max": max(c["foreign_cpu_cores"] for c in configs),
         "max_prediction_error_slowest_stage_only": max(errors_uncapped),
         "max_abs_diff": max(c["max_abs_diff"] for c in configs + [unequal]),
         "planned_vs_even_throughput": unequal["planned_vs_even_throughput"],

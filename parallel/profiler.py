@@ -530,6 +530,52 @@ def profile_hop_overhead(actors: Sequence, payload_bytes: int = DEFAULT_HOP_PAYL
     return hop
 
 
+def host_busy_cpu_s() -> float | None:
+    """CPU seconds the whole host has been busy so far, every core and every process, the hypervisor's steal
+    included (/proc/stat: all but idle and iowait); None off Linux."""
+    try:
+        fields = (PROC_ROOT / "stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    # cpu user nice system idle iowait irq softirq steal guest guest_nice (proc(5)); guest time is inside user.
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
+    return (user + nice + system + irq + softirq + steal) / _clock_ticks_per_s()
+
+
+class ForeignLoadMeter:
+    """The CPU load on this host that is not ours, over a span: the host's busy cores (steal included) less those of
+    the process tree under `root_pid` (a local Ray's GCS, raylet and actors descend from its driver) and `extra_pids`.
+    Another tenant's processes on the cores the stages share slow them without showing in any profile; the cost
+    model's throughput on CPU shares is priced on the cores left to them."""
+
+    def __init__(self, root_pid: int | None = None, extra_pids: set[int] | None = None):
+        self.root_pid = os.getpid() if root_pid is None else root_pid
+        self.extra_pids = set(extra_pids or ())
+        self._start: tuple[float, float | None, dict[int, float]] | None = None
+
+    def _own_cpu_s(self) -> dict[int, float]:
+        pids = process_tree(self.root_pid) | self.extra_pids
+        return {pid: seconds for pid in pids if (seconds := process_cpu_s(pid)) is not None}
+
+    def start(self) -> None:
+        self._start = (time.perf_counter(), host_busy_cpu_s(), self._own_cpu_s())
+
+    def stop(self) -> float | None:
+        """Foreign cores (CPU seconds per second) since `start`; None off Linux."""
+        if self._start is None:
+            raise RuntimeError("ForeignLoadMeter.stop before start")
+        started, host_before, own_before = self._start
+        host_after = host_busy_cpu_s()
+        if host_before is None or host_after is None:
+            return None
+        own_after = self._own_cpu_s()
+        # A process of ours that started meanwhile spent all its CPU in the span; one that ended took its count
+        # along (at most what it spent since it was last read, a sliver against the span).
+        own = sum(seconds - own_before.get(pid, 0.0) for pid, seconds in own_after.items())
+        elapsed = time.perf_counter() - started
+        return max(0.0, (host_after - host_before) - max(0.0, own)) / elapsed
+
+
 def background_cpu_cores(pids: set[int], seconds: float = BACKGROUND_SECONDS) -> float:
     """Cores the processes `pids` keep busy over `seconds` with no work given to them (CPU seconds per second)."""
     before, started = processes_cpu_s(pids), time.perf_counter()

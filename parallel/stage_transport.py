@@ -10,15 +10,19 @@ owner). Ray still creates, places, sets up and kills the actors and carries thei
 Process groups (`torch.distributed.ProcessGroupGloo` / `ProcessGroupNCCL` built on a `TCPStore`, never the default
 group, which a tensor-parallel stage's shards use for their collectives):
 
-* gloo, every actor and the owner: each message's header (int64: kind, request id, and every tensor's field, dtype
-  and shape, so shapes vary from request to request) and its text (the names of `extras`, or a failure's message).
-  On a gloo edge the tensors travel in the same message: header, text and tensors packed into one host buffer,
-  received into a buffer the receiver posted as soon as the previous message arrived (a gloo send completes only
-  once its receive is posted, so a receive posted late would cost each hop a round trip); a message larger than
-  that buffer is announced by a RESIZE message first. An idle stage waits for its next message without a time limit;
+* gloo, every actor and the owner: each message's header message, of a fixed `HEADER_MESSAGE_BYTES` (int64 header:
+  kind, request id, and every tensor's field, dtype, shape and where it travels, so shapes vary from request to
+  request; then its text: the names of `extras`, or a failure's message; then its tensors of at most
+  `INLINE_LIMIT_BYTES`, an attention mask or a scalar, copied in). On a gloo edge every larger tensor (the hidden
+  state) follows as its own message, sent from the tensor's own memory (no pickling, no copy) under its own tag into
+  a payload receive the receiver posted ahead and reuses. A gloo send completes only once its receive is posted, so
+  each member keeps `HEADERS_PREPOSTED` header receives and `PAYLOAD_PREPOSTED` payload receives posted per peer it
+  hears from, re-posted as each message is taken: a stage sends on while the next one still computes. A payload
+  larger than those receives is announced by a RESIZE message, followed by one filler per receive posted at the old
+  size. An idle stage waits for its next header without a time limit;
 * NCCL, the actors only: the tensors between two actors on two different CUDA devices, device to device, after
-  their header on gloo. Every other edge is a gloo edge: the owner's, CPU stages', and two CUDA actors on one GPU
-  (NCCL refuses two ranks on one device), whose tensors go through host memory. One code path: an edge's backend
+  their header message on gloo. Every other edge is a gloo edge: the owner's, CPU stages', and two CUDA actors on one
+  GPU (NCCL refuses two ranks on one device), whose tensors go through host memory. One code path: an edge's backend
   follows its ends' devices (`nccl_edge`).
 
 Ranks: actor k (stage-major: stage s shard r is k = s * degree + r) is rank k, the owner the last rank. Shard 0 of
@@ -29,9 +33,10 @@ Rendezvous (`PipelineTransport`): the first stage's shard 0 starts a `TCPStore` 
 entries, the ranks and the world size to every actor (`join_transport`), joining itself at the same time.
 
 Failures: a stage's exception on one request travels on as a FAILURE message and fails only that request. A dead
-peer closes its connections: the gloo operation of every peer waiting on it fails at once; a stage whose upstream
-broke sends a BROKEN message on, and the owner fails every request in flight with a `TransportError` whose text
-names the dead actor (its `diagnose` callback asks Ray). Sends (which wait for the receiver to be ready, so they cover
+peer closes its connections: the gloo operation of every peer waiting on it fails at once with a `TransportError`
+naming the peer (its label and rank, exchanged at the rendezvous); a stage whose upstream broke sends a BROKEN
+message on, and the owner fails every request in flight with a `TransportError` whose text names the dead actor (its
+`diagnose` callback asks Ray). Sends (which wait for the receiver to be ready, so they cover
 one stage's compute) and NCCL receives give up after `TRANSFER_TIMEOUT_S`; the owner's own wait for an answer has its
 own limit (`ModelParallelGroup.result`). Peers on other nodes reach each other on the address gloo and NCCL pick
 for the host (set `GLOO_SOCKET_IFNAME` / `NCCL_SOCKET_IFNAME` to choose the interface).
