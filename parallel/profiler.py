@@ -492,7 +492,8 @@ def profile_hop_overhead(actors: Sequence, payload_bytes: int = DEFAULT_HOP_PAYL
     actors and their raylet) spend per request while `requests` are in flight, less what they spend anyway: their
     background rate, counted over `BACKGROUND_SECONDS` with nothing in flight (Ray's raylet, GCS and agents poll and
     report whatever the load, which a fast probe would amortise over thousands of requests per second and a model
-    serving tens would not). Off Linux (no /proc) the wall times stand in for CPU and the background is 0."""
+    serving tens would not). The CPU other processes of the host spend meanwhile is reported beside it
+    (`HopOverhead.foreign_cpu_cores`). Off Linux (no /proc) the wall times stand in for CPU and the background is 0."""
     import ray
 
     if len(actors) < max(HOP_CHAIN_LENGTHS):
@@ -500,6 +501,8 @@ def profile_hop_overhead(actors: Sequence, payload_bytes: int = DEFAULT_HOP_PAYL
     state = _relay_state(payload_bytes)
     actor_pids = ray.get([actor.process_ids.remote() for actor in actors])
     pids = (process_tree(os.getpid()) | {pid for pair in actor_pids for pid in pair}) if PROC_ROOT.is_dir() else None
+    meter = ForeignLoadMeter(extra_pids=pids)
+    meter.start()
     background = background_cpu_cores(pids) if pids is not None else 0.0
     latency_s, cpu_s = {}, {}
     for length in HOP_CHAIN_LENGTHS:
@@ -525,7 +528,7 @@ def profile_hop_overhead(actors: Sequence, payload_bytes: int = DEFAULT_HOP_PAYL
     hop = HopOverhead(payload_bytes=state_bytes(state), latency_s=hop_latency, cpu_s=hop_cpu,
                       request_cpu_s=max(0.0, cpu_s[short] - short * hop_cpu),
                       request_latency_s=max(0.0, latency_s[short] - short * hop_latency), host_cores=host_cores(),
-                      background_cpu_cores=background)
+                      background_cpu_cores=background, foreign_cpu_cores=meter.stop() or 0.0)
     logger.info("hop overhead: sequential latency %s s, CPU per request %s s -> %s", latency_s, cpu_s, hop)
     return hop
 
