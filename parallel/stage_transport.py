@@ -350,9 +350,8 @@ class Member:
     nccl: Any = None
     devices: list[str] = field(default_factory=list)
     labels: list[str] = field(default_factory=list)
-    #: Whether a received message's payload buffers are reused once the next message from that peer is taken: a
-    #: stage's loop has sent a message's output on before it takes the next one; the owner hands its answers out
-    #: and must not.
+    #: Whether a received message's payload buffers are reused once `release` hands them back (a stage's loop, once
+    #: the message's output was sent on); the owner hands its answers out and never does.
     recycle_buffers: bool = False
     #: Per peer: the capacity of the payload receives it posts for this member (as this member announced it), and
     #: of those this member posts for it.
@@ -365,9 +364,10 @@ class Member:
     #: the buffers of the message last taken (lent to its state until the next one is taken).
     _payload_posted: dict[int, collections.deque] = field(default_factory=dict)
     _payload_free: dict[int, list[torch.Tensor]] = field(default_factory=dict)
-    _payload_lent: dict[int, list[torch.Tensor]] = field(default_factory=dict)
-    _header_send_buffer: torch.Tensor = field(default_factory=lambda: torch.empty(HEADER_MESSAGE_BYTES,
-                                                                                  dtype=torch.uint8))
+    _payload_lent: dict[int, collections.deque] = field(default_factory=dict)
+    #: Header messages are packed into these in turn: a send may still be in flight while the next is packed.
+    _header_send_buffers: list[torch.Tensor] = field(default_factory=lambda: [
+        torch.empty(HEADER_MESSAGE_BYTES, dtype=torch.uint8) for _ in range(2)])
 
     @classmethod
     def join(cls, spec: TransportSpec, rank: int, device: torch.device, label: str, store: Any = None) -> "Member":
@@ -404,50 +404,53 @@ class Member:
 
     # ---- sending ----
 
-    def send(self, message: Message, peers: Sequence[int]) -> None:
-        """Send one message to each of `peers` in turn: its header message (header, text, small tensors) on gloo,
-        then each larger tensor as its own message straight from its memory, on gloo into a receive the peer posted
-        ahead, or on NCCL device to device. ValueError (nothing sent) for a state the header cannot describe;
-        TransportError naming the peer when a send fails."""
+    def send(self, message: Message, peers: Sequence[int], wait: bool = True) -> "PendingSend":
+        """Send one message to each of `peers`: its header message (header, text, small tensors) on gloo, then each
+        larger tensor as its own message straight from its memory, on gloo into a receive the peer posted ahead, or
+        on NCCL device to device. ValueError (nothing sent) for a state the header cannot describe. With `wait`, returns
+        once every send completed; else at once, the sends in flight (`PendingSend.wait` before the next `send`: the
+        header buffers alternate between two sends). A failed send raises TransportError naming the peer."""
+        pending = PendingSend(self)
         if not peers:
-            return
-        encoded: dict[bool, tuple] = {}
-        timeout = _timedelta(self.spec.timeout_s)
-        for peer in peers:
-            gloo = not nccl_edge(self.devices[self.rank], self.devices[peer])
-            if gloo not in encoded:
-                encoded[gloo] = encode_header(message, inline=gloo)
-            header, text, inline, payloads = encoded[gloo]
-            try:
-                if gloo:
-                    data = [as_bytes(t.cpu()) for t in payloads]
-                    works = self._resize_if_needed(peer, max((d.numel() for d in data), default=0))
-                    works.append(self.control.send([pack_header(header, text, inline, self._header_send_buffer)],
-                                                   peer, TAG_HEADER))
-                    works += [self.control.send([d], peer, TAG_PAYLOAD) for d in data if d.numel()]
-                else:
-                    data = [as_bytes(t.to(self.device)) for t in payloads]
-                    works = [self.control.send([pack_header(header, text, [], self._header_send_buffer)], peer,
-                                               TAG_HEADER)]
-                    works += [self.nccl.send([d], peer, 0) for d in data if d.numel()]
-                for work in works:
-                    work.wait(timeout)
-            except (RuntimeError, AttributeError) as error:  # a dead peer, a closed group (None after close)
-                raise TransportError(f"{self.label}: sending to {self.peer_name(peer)} failed: {error}") from error
+            return pending
+        self._header_send_buffers.reverse()
+        out = self._header_send_buffers[0]
+        for gloo in sorted({not nccl_edge(self.devices[self.rank], self.devices[peer]) for peer in peers}):
+            header, text, inline, payloads = encode_header(message, inline=gloo)
+            packed = pack_header(header, text, inline if gloo else [], out if gloo else out.clone())
+            data = [as_bytes(t.cpu() if gloo else t.to(self.device)) for t in payloads]
+            pending.keep += [packed, *data]
+            for peer in peers:
+                if gloo != (not nccl_edge(self.devices[self.rank], self.devices[peer])):
+                    continue
+                try:
+                    if gloo:
+                        self._resize_if_needed(peer, max((d.numel() for d in data), default=0), pending)
+                        pending.works.append((self.control.send([packed], peer, TAG_HEADER), peer))
+                        pending.works += [(self.control.send([d], peer, TAG_PAYLOAD), peer) for d in data if d.numel()]
+                    else:
+                        pending.works.append((self.control.send([packed], peer, TAG_HEADER), peer))
+                        pending.works += [(self.nccl.send([d], peer, 0), peer) for d in data if d.numel()]
+                except (RuntimeError, AttributeError) as error:  # a dead peer, a closed group (None after close)
+                    raise TransportError(f"{self.label}: sending to {self.peer_name(peer)} failed: {error}") from error
+        if wait:
+            pending.wait()
+        return pending
 
-    def _resize_if_needed(self, peer: int, largest: int) -> list:
+    def _resize_if_needed(self, peer: int, largest: int, pending: "PendingSend") -> None:
         """When a payload exceeds the receives `peer` posts for this member: announce larger ones (RESIZE), then
         fill the `PAYLOAD_PREPOSTED` receives it posted already, so the payloads after them match the larger ones."""
         capacity = self._send_capacity.get(peer, INITIAL_PAYLOAD_CAPACITY_BYTES)
         if largest <= capacity:
-            return []
+            return
         capacity = max(largest, 2 * capacity)
         self._send_capacity[peer] = capacity
         resize, text, _, _ = encode_header(Message(KIND_RESIZE, capacity))
-        works = [self.control.send([pack_header(resize, text, [])], peer, TAG_HEADER)]
+        packed = pack_header(resize, text, [])
         filler = torch.zeros(1, dtype=torch.uint8)
-        works += [self.control.send([filler], peer, TAG_PAYLOAD) for _ in range(PAYLOAD_PREPOSTED)]
-        return works
+        pending.keep += [packed, filler]
+        pending.works.append((self.control.send([packed], peer, TAG_HEADER), peer))
+        pending.works += [(self.control.send([filler], peer, TAG_PAYLOAD), peer) for _ in range(PAYLOAD_PREPOSTED)]
 
     # ---- receiving ----
 
@@ -493,9 +496,6 @@ class Member:
 
     def _receive(self, peer: int) -> Message:
         timeout = _timedelta(self.spec.timeout_s)
-        lent = self._payload_lent.pop(peer, [])
-        if self.recycle_buffers:  # the previous message's state is done with: its buffers take payloads again
-            self._payload_free.setdefault(peer, []).extend(lent)
         self._top_up_payloads(peer)
         while True:
             self._top_up_headers(peer)
@@ -514,6 +514,8 @@ class Member:
             self._payload_free.pop(peer, None)
             self._top_up_payloads(peer)
         if kind != KIND_STATE:
+            if self.recycle_buffers and kind == KIND_FAILURE:  # one `release` per message a stage passes on
+                self._payload_lent.setdefault(peer, collections.deque()).append([])
             return Message(kind, request_id, text=text)
         gloo = not nccl_edge(self.devices[self.rank], self.devices[peer])
         inline_tensors = iter(inline)
@@ -531,9 +533,17 @@ class Member:
                 buffer = torch.empty(spec.num_bytes, dtype=torch.uint8, device=self.device)
                 self.nccl.recv([buffer], peer, 0).wait(timeout)
                 tensors.append(buffer.view(spec.dtype).reshape(spec.shape))
-        self._payload_lent[peer] = taken
+        if self.recycle_buffers:
+            self._payload_lent.setdefault(peer, collections.deque()).append(taken)
         self._top_up_payloads(peer)
         return Message(kind, request_id, build_state(specs, tensors, text), text)
+
+    def release(self, peer: int) -> None:
+        """The oldest message taken from `peer` is done with (its output was sent on): its payload buffers take
+        payloads again (`recycle_buffers` only)."""
+        lent = self._payload_lent.get(peer)
+        if lent:
+            self._payload_free.setdefault(peer, []).extend(lent.popleft())
 
     def close(self) -> None:
         """Drop the process groups (aborting what is in flight) and the store connection."""
@@ -547,15 +557,48 @@ class Member:
         self.store = None
 
 
+class PendingSend:
+    """The sends of one message in flight, and the tensors whose memory they read (kept alive until they complete)."""
+
+    def __init__(self, member: Member):
+        self.member = member
+        self.works: list[tuple[Any, int]] = []
+        self.keep: list[torch.Tensor] = []
+
+    def wait(self) -> None:
+        """Wait until every send completed (at most the transfer timeout each); TransportError naming the peer whose
+        send failed."""
+        timeout = _timedelta(self.member.spec.timeout_s)
+        works, self.works = self.works, []
+        for work, peer in works:
+            try:
+                work.wait(timeout)
+            except RuntimeError as error:  # a dead peer, an aborted group
+                raise TransportError(f"{self.member.label}: sending to {self.member.peer_name(peer)} failed: "
+                                     f"{error}") from error
+        self.keep = []
+
+
 # ---- the stage side ----
 
 
 def serve_stage(member: Member, forward: Callable[[ActivationState], Any]) -> None:
-    """A stage's loop: receive each request from upstream, run it, send the output on (shard 0). A stage's failure
-    on a request travels on as a FAILURE message; a broken upstream ends the loop after passing BROKEN on."""
+    """A stage's loop: receive each request from upstream, run it, send the output on (shard 0). The output's sends
+    stay in flight while the next request runs; they must complete before the next output is sent, and only then
+    does the request's input buffer take payloads again. A stage's failure on a request travels on as a FAILURE
+    message; a broken upstream ends the loop after passing BROKEN on."""
     spec, rank, label = member.spec, member.rank, member.label
     upstream, downstream = spec.upstream(rank), spec.downstream(rank)
-    member.recycle_buffers = True  # each request's output is sent on before the next request is taken
+    member.recycle_buffers = True
+    in_flight: PendingSend | None = None
+
+    def settle() -> None:
+        nonlocal in_flight
+        if in_flight is not None:
+            in_flight.wait()
+            member.release(upstream)
+            in_flight = None
+
     try:
         while True:
             try:
@@ -563,6 +606,7 @@ def serve_stage(member: Member, forward: Callable[[ActivationState], Any]) -> No
             except Exception as error:  # noqa: BLE001 - a dead or broken peer upstream
                 reason = f"{label}: its link from upstream broke: {error}"
                 logger.warning(reason)
+                settle()
                 member.send(Message(KIND_BROKEN, text=reason), downstream)
                 return
             if message.kind == KIND_STATE:
@@ -572,11 +616,14 @@ def serve_stage(member: Member, forward: Callable[[ActivationState], Any]) -> No
                 except Exception as error:  # noqa: BLE001 - the request fails, the stage goes on
                     logger.exception("%s failed on request %d", label, message.request_id)
                     message = Message(KIND_FAILURE, message.request_id, text=f"{label} failed: {error!r}")
+            settle()
             try:
-                member.send(message, downstream)
+                in_flight = member.send(message, downstream, wait=False)
             except ValueError as error:  # a state the header cannot describe: that request fails
-                member.send(Message(KIND_FAILURE, message.request_id, text=f"{label}: {error}"), downstream)
+                in_flight = member.send(Message(KIND_FAILURE, message.request_id, text=f"{label}: {error}"),
+                                        downstream, wait=False)
             if message.kind in (KIND_STOP, KIND_BROKEN):
+                settle()
                 return
     except Exception as error:  # noqa: BLE001 - a dead peer downstream: the owner learns it from its own links
         logger.warning("%s: stage transport closed: %s", label, error)
@@ -718,13 +765,18 @@ class PipelineTransport:
         return self._broken
 
     def _send_loop(self) -> None:
+        """Send each queued message to the first stage; a message's sends stay in flight until the next is sent."""
+        in_flight: PendingSend | None = None
         while True:
             message = self._outbox.get()
             if message is None:
                 return
             try:
-                self._member.send(message, self._first)
+                if in_flight is not None:
+                    in_flight.wait()
+                in_flight = self._member.send(message, self._first, wait=message.kind == KIND_STOP)
             except ValueError as error:  # a state the header cannot describe: that request fails
+                in_flight = None
                 self._resolve(message.request_id, error=TransportError(str(error)))
             except Exception as error:  # noqa: BLE001 - a dead peer, a closed group
                 self._break(f"sending to the first stage failed: {error}")
