@@ -449,9 +449,21 @@ def processes_cpu_s(pids: set[int]) -> float:
     return sum(seconds for seconds in map(process_cpu_s, pids) if seconds is not None)
 
 
-def _relay_latency_s(links: PipelineTransport, state: ActivationState, warmup: int, requests: int) -> float:
-    """Median wall seconds of one request relayed through `links`, requests one after another."""
-    return _timed(lambda: links.submit(state).result(), warmup, requests)
+def _interleaved_latency_s(chains: dict[int, PipelineTransport], state: ActivationState, warmup: int,
+                           requests: int) -> dict[int, float]:
+    """Median wall seconds of one request relayed through each chain, requests one after another, the chains taking
+    turns request by request: a drift of the shared machine's speed lands on every chain alike, and their difference
+    (one more hop) does not follow it."""
+    for links in chains.values():
+        for _ in range(warmup):
+            links.submit(state).result()
+    times: dict[int, list[float]] = {length: [] for length in chains}
+    for _ in range(requests):
+        for length, links in chains.items():
+            start = time.perf_counter()
+            links.submit(state).result()
+            times[length].append(time.perf_counter() - start)
+    return {length: statistics.median(samples) for length, samples in times.items()}
 
 
 def _relay_state(payload_bytes: int) -> ActivationState:
@@ -471,7 +483,7 @@ def profile_link_sends(actors: Sequence, sizes_bytes: Sequence[int] = DEFAULT_CO
     try:
         for num_bytes in sizes_bytes:
             state = _relay_state(num_bytes)
-            latency = {length: _relay_latency_s(links, state, warmup, requests) for length, links in chains.items()}
+            latency = _interleaved_latency_s(chains, state, warmup, requests)
             sizes.append(state_bytes(state))
             hops.append(max(0.0, (latency[long] - latency[short]) / (long - short)))
     finally:
@@ -504,11 +516,11 @@ def profile_hop_overhead(actors: Sequence, payload_bytes: int = DEFAULT_HOP_PAYL
     meter = ForeignLoadMeter(extra_pids=pids)
     meter.start()
     background = background_cpu_cores(pids) if pids is not None else 0.0
-    latency_s, cpu_s = {}, {}
-    for length in HOP_CHAIN_LENGTHS:
-        links = PipelineTransport([[actor] for actor in actors[:length]])
-        try:
-            latency_s[length] = _relay_latency_s(links, state, warmup, HOP_SEQUENTIAL_REQUESTS)
+    chains = {length: PipelineTransport([[actor] for actor in actors[:length]]) for length in HOP_CHAIN_LENGTHS}
+    cpu_s = {}
+    try:
+        latency_s = _interleaved_latency_s(chains, state, warmup, HOP_SEQUENTIAL_REQUESTS)
+        for length, links in chains.items():
             if pids is None:
                 cpu_s[length] = latency_s[length]
                 continue
@@ -520,7 +532,8 @@ def profile_hop_overhead(actors: Sequence, payload_bytes: int = DEFAULT_HOP_PAYL
                 spent = processes_cpu_s(pids) - before - background * (time.perf_counter() - started)
                 samples.append(max(0.0, spent) / requests)
             cpu_s[length] = statistics.median(samples)
-        finally:
+    finally:
+        for links in chains.values():
             links.close()
     short, long = HOP_CHAIN_LENGTHS
     hop_latency = max(0.0, (latency_s[long] - latency_s[short]) / (long - short))
