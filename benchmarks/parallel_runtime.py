@@ -75,6 +75,7 @@ from parallel.profiler import (  # noqa: E402
     LayerProfileSet,
     ModelLayerProfile,
     device_description,
+    interleaved_relay_latency_s,
     measure_co_run_slowdown,
     profile_comm,
     profile_layers,
@@ -126,7 +127,7 @@ PLANNED_VS_EVEN_EXTRA_ROUNDS = 2
 #: chain and round, rounds alternating the two transports.
 HOP_COMPARISON_BYTES = 1 << 20
 HOP_COMPARISON_REQUESTS = 30
-HOP_COMPARISON_ROUNDS = 3
+HOP_COMPARISON_ROUNDS = 5
 #: The fewest cores the prediction leaves the stages beyond the cluster's background when other processes load the
 #: host (a floor that keeps the price finite under any foreign load).
 MIN_CORES_LEFT = 0.25
@@ -378,20 +379,11 @@ def planned_vs_even(directory: str, comm, args) -> dict:
 # ---- the hop comparison: the stage transport against the former pickled-socket links ----
 
 
-def _sequential_s(call, requests: int) -> float:
-    call()  # warm-up
-    times = []
-    for _ in range(requests):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def hop_comparison(payload_bytes: int = HOP_COMPARISON_BYTES) -> dict:
     """Seconds one more hop adds to a request carrying `payload_bytes` of activation, over the stage transport and
-    over pickled frames on sockets: the slope of sequential latency between chains of 1 and 2 relaying actors (zero
-    compute), the two transports measured in alternating rounds (medians over rounds)."""
+    over the former pickled-socket links (`benchmarks._pickle_socket_baseline`): the slope of sequential latency
+    between chains of 1 and 2 relaying actors (zero compute; the chains take turns request by request), the two
+    transports measured in alternating rounds (medians over rounds)."""
     from models.layers import ActivationState
 
     state = ActivationState(hidden=torch.ones(payload_bytes // 4))
@@ -403,8 +395,7 @@ def hop_comparison(payload_bytes: int = HOP_COMPARISON_BYTES) -> dict:
     try:
         for number in range(HOP_COMPARISON_ROUNDS):
             for name in (list(chains) if number % 2 == 0 else list(reversed(chains))):
-                latency = {n: _sequential_s(lambda: chain.submit(state).result(), HOP_COMPARISON_REQUESTS)
-                           for n, chain in chains[name].items()}
+                latency = interleaved_relay_latency_s(chains[name], state, 1, HOP_COMPARISON_REQUESTS)
                 hops[name].append(max(0.0, latency[2] - latency[1]))
     finally:
         for per_length in chains.values():

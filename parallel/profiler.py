@@ -449,7 +449,7 @@ def processes_cpu_s(pids: set[int]) -> float:
     return sum(seconds for seconds in map(process_cpu_s, pids) if seconds is not None)
 
 
-def _interleaved_latency_s(chains: dict[int, PipelineTransport], state: ActivationState, warmup: int,
+def interleaved_relay_latency_s(chains: dict[int, PipelineTransport], state: ActivationState, warmup: int,
                            requests: int) -> dict[int, float]:
     """Median wall seconds of one request relayed through each chain, requests one after another, the chains taking
     turns request by request: a drift of the shared machine's speed lands on every chain alike, and their difference
@@ -483,7 +483,7 @@ def profile_link_sends(actors: Sequence, sizes_bytes: Sequence[int] = DEFAULT_CO
     try:
         for num_bytes in sizes_bytes:
             state = _relay_state(num_bytes)
-            latency = _interleaved_latency_s(chains, state, warmup, requests)
+            latency = interleaved_relay_latency_s(chains, state, warmup, requests)
             sizes.append(state_bytes(state))
             hops.append(max(0.0, (latency[long] - latency[short]) / (long - short)))
     finally:
@@ -519,7 +519,7 @@ def profile_hop_overhead(actors: Sequence, payload_bytes: int = DEFAULT_HOP_PAYL
     chains = {length: PipelineTransport([[actor] for actor in actors[:length]]) for length in HOP_CHAIN_LENGTHS}
     cpu_s = {}
     try:
-        latency_s = _interleaved_latency_s(chains, state, warmup, HOP_SEQUENTIAL_REQUESTS)
+        latency_s = interleaved_relay_latency_s(chains, state, warmup, HOP_SEQUENTIAL_REQUESTS)
         for length, links in chains.items():
             if pids is None:
                 cpu_s[length] = latency_s[length]
