@@ -328,21 +328,24 @@ def _co_run_worker(source_json: str, batch_size: int, seq_len_tokens: int | None
             barrier.wait()
             if phase % 2 == 0 and rank != 0:
                 continue
-            passes, start = 0, time.perf_counter()
+            passes, start, cpu_start = 0, time.perf_counter(), time.process_time()
             while time.perf_counter() - start < phase_seconds:
                 run_layers(layers, state)
                 passes += 1
-            results.put((phase, (time.perf_counter() - start) / passes))
+            results.put((phase, (time.perf_counter() - start) / passes, (time.process_time() - cpu_start) / passes))
 
 
 def measure_co_run_slowdown(source: ModelSource, batch_size: int, seq_len_tokens: int | None = None,
                             phase_seconds: float = CO_RUN_PHASE_SECONDS, phases: int = CO_RUN_PHASES,
                             processes: int = CO_RUN_PROCESSES) -> float:
-    """Seconds per forward pass with `processes` processes running the model at once over the same with one alone
-    (>= 1): what compute costs when every core of a shared host is busy (memory bandwidth and caches are shared,
-    which a per-layer profile, timed alone, does not see). The same processes alternate phases alone and together
-    and the median of the paired ratios is kept. The cost model multiplies a request's compute CPU by it where the
-    devices are CPU shares of one host (`placement.core.profiles.ConfigProfile.cpu_per_batch_s`)."""
+    """CPU seconds per forward pass with `processes` processes running the model at once over the same with one
+    alone (>= 1): what compute costs when every core of a shared host is busy (memory bandwidth and caches are
+    shared, which a per-layer profile, timed alone, does not see). CPU seconds, not wall: a process of another
+    tenant that takes a core meanwhile stretches the wall time of the passes it preempts, not their CPU time, so
+    the figure prices the co-runners' own interference only (the wall-time ratio is logged beside it). The same
+    processes alternate phases alone and together and the median of the paired ratios is kept. The cost model
+    multiplies a request's compute CPU by it where the devices are CPU shares of one host
+    (`placement.core.profiles.ConfigProfile.cpu_per_batch_s`)."""
     import multiprocessing
 
     if processes < 2:
@@ -357,17 +360,24 @@ def measure_co_run_slowdown(source: ModelSource, batch_size: int, seq_len_tokens
     for worker in workers:
         worker.start()
     per_pass: dict[int, list[float]] = {}
+    cpu_per_pass: dict[int, list[float]] = {}
     for _ in range(phases // 2 * (1 + processes)):
-        phase, seconds = results.get()
+        phase, seconds, cpu_seconds = results.get()
         per_pass.setdefault(phase, []).append(seconds)
+        cpu_per_pass.setdefault(phase, []).append(cpu_seconds)
     for worker in workers:
         worker.join()
-    ratios = [statistics.mean(per_pass[phase + 1]) / per_pass[phase][0] for phase in range(0, phases, 2)]
-    slowdown = max(1.0, statistics.median(ratios))
-    logger.info("%s: %.2f ms per pass alone, %.2f ms with %d co-running (median phases): slowdown %.2f", source.name,
-                1e3 * statistics.median(per_pass[p][0] for p in range(0, phases, 2)),
-                1e3 * statistics.median(statistics.mean(per_pass[p]) for p in range(1, phases, 2)), processes,
-                slowdown)
+
+    def median_ratio(figures: dict[int, list[float]]) -> float:
+        return statistics.median(statistics.mean(figures[phase + 1]) / figures[phase][0]
+                                 for phase in range(0, phases, 2))
+
+    slowdown = max(1.0, median_ratio(cpu_per_pass))
+    logger.info("%s: %.2f ms CPU per pass alone, %.2f ms with %d co-running (median phases): slowdown %.2f "
+                "(wall time: %.2f)", source.name,
+                1e3 * statistics.median(cpu_per_pass[p][0] for p in range(0, phases, 2)),
+                1e3 * statistics.median(statistics.mean(cpu_per_pass[p]) for p in range(1, phases, 2)), processes,
+                slowdown, median_ratio(per_pass))
     return slowdown
 
 
