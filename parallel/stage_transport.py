@@ -583,8 +583,9 @@ class PendingSend:
 
 
 def serve_stage(member: Member, forward: Callable[[ActivationState], Any]) -> None:
-    """A stage's loop: receive each request from upstream, run it, send the output on (shard 0). The output's sends
-    stay in flight while the next request runs; they must complete before the next output is sent, and only then
+    """A stage's loop: receive each request from upstream, run it, send the output on (shard 0). The loop does not
+    wait for the output's sends to complete (gloo's send call itself returns once the socket took the bytes, which
+    the next stage's receive posted ahead drains): it waits for them before it sends the next output, and only then
     does the request's input buffer take payloads again. A stage's failure on a request travels on as a FAILURE
     message; a broken upstream ends the loop after passing BROKEN on."""
     spec, rank, label = member.spec, member.rank, member.label
