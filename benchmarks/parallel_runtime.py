@@ -46,15 +46,10 @@ benchmarks/out/.
 from __future__ import annotations
 
 import argparse
-import io
 import os
-import pickle
-import socket
 import statistics
-import struct
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -68,6 +63,7 @@ import ray  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks._common import emit_json, make_parser, out_dir, setup_logging  # noqa: E402
+from benchmarks._pickle_socket_baseline import PickleSocketLinks, PickleSocketRelay  # noqa: E402
 from models.device import CPU_RESOURCE, GPU_RESOURCE  # noqa: E402
 from models.layers import run_layers  # noqa: E402
 from parallel.configurations import ModelPlanner  # noqa: E402
@@ -75,9 +71,11 @@ from parallel.group_runtime import ModelParallelGroup  # noqa: E402
 from parallel.plan import ParallelPlan, StagePlan  # noqa: E402
 from parallel.profiler import (  # noqa: E402
     CommProbe,
+    ForeignLoadMeter,
     LayerProfileSet,
     ModelLayerProfile,
     device_description,
+    interleaved_relay_latency_s,
     measure_co_run_slowdown,
     profile_comm,
     profile_layers,
@@ -129,7 +127,10 @@ PLANNED_VS_EVEN_EXTRA_ROUNDS = 2
 #: chain and round, rounds alternating the two transports.
 HOP_COMPARISON_BYTES = 1 << 20
 HOP_COMPARISON_REQUESTS = 30
-HOP_COMPARISON_ROUNDS = 3
+HOP_COMPARISON_ROUNDS = 5
+#: The fewest cores the prediction leaves the stages beyond the cluster's background when other processes load the
+#: host (a floor that keeps the price finite under any foreign load).
+MIN_CORES_LEFT = 0.25
 CONFIGS = {
     "1-stage": ParallelConfig(intra_op_degree=1, pipeline_stages=1),
     "2-stage": ParallelConfig(intra_op_degree=1, pipeline_stages=2),
@@ -156,16 +157,20 @@ def _lone_request(group: ModelParallelGroup, state, expected) -> tuple[float, fl
 def _burst(group: ModelParallelGroup, states, expected, requests: int) -> dict:
     """A burst of `requests` in flight. Throughput is its steady state: answers per second between its first answer
     and its last (the pipeline's fill before the first answer is latency, which lone requests measure); the whole
-    burst's rate is kept beside it."""
+    burst's rate is kept beside it, and the CPU load of processes other than this benchmark's (`ForeignLoadMeter`)
+    over the burst."""
     answered_at: list[float] = []
+    meter = ForeignLoadMeter()
+    meter.start()
     start = time.perf_counter()
     pending = [group.submit(states[i % len(states)]) for i in range(requests)]
     for future in pending:
         future.add_done_callback(lambda _: answered_at.append(time.perf_counter()))
     outputs = [group.result(future) for future in pending]
     elapsed = time.perf_counter() - start
+    foreign = meter.stop()
     return {"throughput_rps": (len(answered_at) - 1) / (max(answered_at) - min(answered_at)),
-            "burst_throughput_rps": requests / elapsed,
+            "burst_throughput_rps": requests / elapsed, "foreign_cpu_cores": foreign or 0.0,
             "max_abs_diff": max((o.hidden - expected[i % len(states)]).abs().max().item()
                                 for i, o in enumerate(outputs))}
 
@@ -257,12 +262,19 @@ def bench_model(source: ModelSource, comm, args, figures: dict) -> None:
         latency = statistics.median(r["latency_s"] for r in measured)
         throughput = statistics.median(r["throughput_rps"] for r in measured)
         burst_throughput = statistics.median(r["burst_throughput_rps"] for r in measured)
+        foreign = statistics.median(r["foreign_cpu_cores"] for r in measured)
         predicted = predictions[label]
         predicted_latency = predicted.latency(BATCH_SIZE)
-        predicted_throughput = predicted.throughput_rps(BATCH_SIZE, host_cores)  # steady state, as measured
+        # The stages share the host's cores with whatever else runs on it: throughput is priced on the cores the
+        # other processes left during the bursts, and beside it on all of them.
+        left = None
+        if host_cores is not None:
+            left = max(host_cores - foreign, predicted.background_cpu_cores + MIN_CORES_LEFT)
+        predicted_throughput = predicted.throughput_rps(BATCH_SIZE, left)  # steady state, as measured
+        predicted_throughput_all_cores = predicted.throughput_rps(BATCH_SIZE, host_cores)
         # The whole burst of `throughput_requests` submitted at once: the first after the latency, then a period each.
         burst = args.throughput_requests
-        predicted_burst_throughput = burst * BATCH_SIZE / predicted.burst_s(burst, BATCH_SIZE, host_cores)
+        predicted_burst_throughput = burst * BATCH_SIZE / predicted.burst_s(burst, BATCH_SIZE, left)
         uncapped_throughput = predicted.throughput_rps(BATCH_SIZE)  # the former prediction: 1 / slowest stage
         results[label] = {
             "latency_s": latency, "throughput_rps": throughput, "burst_throughput_rps": burst_throughput,
@@ -272,6 +284,9 @@ def bench_model(source: ModelSource, comm, args, figures: dict) -> None:
             "weight_bytes_per_actor": weight_bytes[label],
             **({"stage_memory_vs_planned": memory[label]} if label in memory else {}),
             "predicted_latency_s": predicted_latency, "predicted_throughput_rps": predicted_throughput,
+            "foreign_cpu_cores": foreign, "host_cores_left": left,
+            "predicted_throughput_rps_all_cores": predicted_throughput_all_cores,
+            "throughput_error_all_cores": abs(predicted_throughput_all_cores - throughput) / throughput,
             "predicted_throughput_rps_slowest_stage_only": uncapped_throughput,
             "predicted_cpu_per_request_s": predicted.cpu_per_batch_s(BATCH_SIZE) / BATCH_SIZE,
             "throughput_error_slowest_stage_only": abs(uncapped_throughput - throughput) / throughput,
@@ -361,139 +376,26 @@ def planned_vs_even(directory: str, comm, args) -> dict:
     return result
 
 
-# ---- the hop comparison: the stage transport against pickled frames over sockets ----
-# The baseline of the comparison, in this benchmark only: a relay of pickled frames over TCP sockets on 127.0.0.1.
-# Each stage reads a length-prefixed pickle (tensors as numpy arrays) from its socket, unpickles it and writes it on,
-# pickled again, to the next stage's socket.
-
-#: Frame header: the payload's length, 8 bytes big-endian (a format string: the relay class is pickled by value
-#: when this file runs as a script, and a `struct.Struct` does not pickle).
-_FRAME_FORMAT = "!Q"
-_FRAME_HEADER_BYTES = 8
-
-
-class _FramePickler(pickle.Pickler):
-    """Pickles a CPU tensor as its numpy array (its raw bytes, dtype and shape), rebuilt by `torch.tensor` (a copy
-    the receiver owns); both importable wherever the frame is read."""
-
-    def reducer_override(self, obj):
-        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu" and type(obj) is torch.Tensor:
-            return torch.tensor, (obj.detach().contiguous().numpy(),)
-        return NotImplemented
-
-
-def _send_frame(sock: socket.socket, obj) -> None:
-    buffer = io.BytesIO()
-    buffer.write(bytes(_FRAME_HEADER_BYTES))
-    _FramePickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    frame = buffer.getbuffer()
-    struct.pack_into(_FRAME_FORMAT, frame, 0, len(frame) - _FRAME_HEADER_BYTES)
-    sock.sendall(frame)
-    frame.release()
-
-
-def _recv_exactly(sock: socket.socket, num_bytes: int) -> bytearray:
-    buffer, received = bytearray(num_bytes), 0
-    view = memoryview(buffer)
-    while received < num_bytes:
-        count = sock.recv_into(view[received:])
-        if count == 0:
-            raise EOFError("the peer closed the socket")
-        received += count
-    return buffer
-
-
-def _recv_frame(sock: socket.socket):
-    (length,) = struct.unpack(_FRAME_FORMAT, _recv_exactly(sock, _FRAME_HEADER_BYTES))
-    return pickle.loads(_recv_exactly(sock, length))
-
-
-def _listener() -> socket.socket:
-    return socket.create_server(("127.0.0.1", 0))
-
-
-def _no_delay(sock: socket.socket) -> socket.socket:
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
-
-
-class PickleSocketRelay:
-    """A Ray actor body relaying pickled frames from its listener to the next stage's."""
-
-    def __init__(self):
-        torch.set_num_threads(1)
-
-    def open(self) -> tuple[str, int]:
-        self._listener = _listener()
-        return self._listener.getsockname()[:2]
-
-    def start(self, downstream: tuple[str, int]) -> None:
-        threading.Thread(target=self._relay, args=(self._listener, tuple(downstream)), daemon=True).start()
-
-    @staticmethod
-    def _relay(listener: socket.socket, downstream: tuple[str, int]) -> None:
-        out = _no_delay(socket.create_connection(downstream))
-        upstream = _no_delay(listener.accept()[0])
-        try:
-            while True:
-                _send_frame(out, _recv_frame(upstream))
-        except (OSError, EOFError):
-            pass
-        finally:
-            for sock in (out, upstream, listener):
-                sock.close()
-
-
-class PickleSocketChain:
-    """The owner's end of a chain of `PickleSocketRelay` actors; `roundtrip` sends one state and waits for it."""
-
-    def __init__(self, actors):
-        listener = _listener()
-        addresses = ray.get([actor.open.remote() for actor in actors])
-        following = [*addresses[1:], listener.getsockname()[:2]]
-        ray.get([actor.start.remote(address) for actor, address in zip(actors, following)])
-        self._input = _no_delay(socket.create_connection(tuple(addresses[0])))
-        self._output = _no_delay(listener.accept()[0])
-        listener.close()
-
-    def roundtrip(self, state):
-        _send_frame(self._input, (0, state))
-        return _recv_frame(self._output)
-
-    def close(self) -> None:
-        self._input.close()
-        self._output.close()
-
-
-def _sequential_s(call, requests: int) -> float:
-    call()  # warm-up
-    times = []
-    for _ in range(requests):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+# ---- the hop comparison: the stage transport against the former pickled-socket links ----
 
 
 def hop_comparison(payload_bytes: int = HOP_COMPARISON_BYTES) -> dict:
     """Seconds one more hop adds to a request carrying `payload_bytes` of activation, over the stage transport and
-    over pickled frames on sockets: the slope of sequential latency between chains of 1 and 2 relaying actors (zero
-    compute), the two transports measured in alternating rounds (medians over rounds)."""
+    over the former pickled-socket links (`benchmarks._pickle_socket_baseline`): the slope of sequential latency
+    between chains of 1 and 2 relaying actors (zero compute; the chains take turns request by request), the two
+    transports measured in alternating rounds (medians over rounds)."""
     from models.layers import ActivationState
 
     state = ActivationState(hidden=torch.ones(payload_bytes // 4))
     probes = [ray.remote(CommProbe).options(num_cpus=0.5).remote() for _ in range(2)]
     relays = [ray.remote(PickleSocketRelay).options(num_cpus=0.5).remote() for _ in range(2)]
     chains = {"stage_transport": {n: PipelineTransport([[actor] for actor in probes[:n]]) for n in (1, 2)},
-              "pickle_socket": {n: PickleSocketChain(relays[:n]) for n in (1, 2)}}
-    calls = {"stage_transport": lambda chain: (lambda: chain.submit(state).result()),
-             "pickle_socket": lambda chain: (lambda: chain.roundtrip(state))}
+              "pickle_socket": {n: PickleSocketLinks(relays[:n]) for n in (1, 2)}}
     hops: dict[str, list[float]] = {name: [] for name in chains}
     try:
         for number in range(HOP_COMPARISON_ROUNDS):
             for name in (list(chains) if number % 2 == 0 else list(reversed(chains))):
-                latency = {n: _sequential_s(calls[name](chain), HOP_COMPARISON_REQUESTS)
-                           for n, chain in chains[name].items()}
+                latency = interleaved_relay_latency_s(chains[name], state, 1, HOP_COMPARISON_REQUESTS)
                 hops[name].append(max(0.0, latency[2] - latency[1]))
     finally:
         for per_length in chains.values():
@@ -606,6 +508,7 @@ def main() -> None:
     png = plot(figures, list(args.configs))
     configs = [r[label] for r in figures.values() for label in args.configs]
     errors = [c[k] for c in configs for k in ("latency_error", "throughput_error")]
+    errors_all_cores = [c[k] for c in configs for k in ("latency_error", "throughput_error_all_cores")]
     errors_uncapped = [c[k] for c in configs for k in ("latency_error_stages_only",
                                                         "throughput_error_slowest_stage_only")]
     ratios = {name: r["pipeline2_throughput_ratio_median_of_rounds"] for name, r in figures.items()}
@@ -620,6 +523,8 @@ def main() -> None:
         "pipeline2_burst_throughput_ratio_per_model": burst_ratios,
         "max_burst_throughput_error": max(c["burst_throughput_error"] for c in configs),
         "max_prediction_error": max(errors),
+        "max_prediction_error_all_cores": max(errors_all_cores),
+        "foreign_cpu_cores_max": max(c["foreign_cpu_cores"] for c in configs),
         "max_prediction_error_slowest_stage_only": max(errors_uncapped),
         "max_abs_diff": max(c["max_abs_diff"] for c in configs + [unequal]),
         "planned_vs_even_throughput": unequal["planned_vs_even_throughput"],

@@ -69,6 +69,11 @@ class HopOverhead(BaseModel):
         default=0.0, ge=0,
         description="Cores the Ray cluster's own processes (raylet, GCS, agents) and the idle actors keep busy with no "
                     "request in flight (CPU seconds per second); 0 in files that did not measure it.")
+    foreign_cpu_cores: float = Field(
+        default=0.0, ge=0,
+        description="Cores other processes on the host (another tenant, the hypervisor's steal) kept busy while the "
+                    "overhead was measured (CPU seconds per second, `parallel.profiler.ForeignLoadMeter`); the figures "
+                    "above were measured beside that load. 0 in files that did not measure it.")
 
     def beyond_send(self, send_s: float) -> tuple[float, float]:
         """(wall, CPU) seconds per stage call that a stage latency pricing its receive at `send_s` leaves out."""

@@ -328,21 +328,24 @@ def _co_run_worker(source_json: str, batch_size: int, seq_len_tokens: int | None
             barrier.wait()
             if phase % 2 == 0 and rank != 0:
                 continue
-            passes, start = 0, time.perf_counter()
+            passes, start, cpu_start = 0, time.perf_counter(), time.process_time()
             while time.perf_counter() - start < phase_seconds:
                 run_layers(layers, state)
                 passes += 1
-            results.put((phase, (time.perf_counter() - start) / passes))
+            results.put((phase, (time.perf_counter() - start) / passes, (time.process_time() - cpu_start) / passes))
 
 
 def measure_co_run_slowdown(source: ModelSource, batch_size: int, seq_len_tokens: int | None = None,
                             phase_seconds: float = CO_RUN_PHASE_SECONDS, phases: int = CO_RUN_PHASES,
                             processes: int = CO_RUN_PROCESSES) -> float:
-    """Seconds per forward pass with `processes` processes running the model at once over the same with one alone
-    (>= 1): what compute costs when every core of a shared host is busy (memory bandwidth and caches are shared,
-    which a per-layer profile, timed alone, does not see). The same processes alternate phases alone and together
-    and the median of the paired ratios is kept. The cost model multiplies a request's compute CPU by it where the
-    devices are CPU shares of one host (`placement.core.profiles.ConfigProfile.cpu_per_batch_s`)."""
+    """CPU seconds per forward pass with `processes` processes running the model at once over the same with one
+    alone (>= 1): what compute costs when every core of a shared host is busy (memory bandwidth and caches are
+    shared, which a per-layer profile, timed alone, does not see). CPU seconds, not wall: a process of another
+    tenant that takes a core meanwhile stretches the wall time of the passes it preempts, not their CPU time, so
+    the figure prices the co-runners' own interference only (the wall-time ratio is logged beside it). The same
+    processes alternate phases alone and together and the median of the paired ratios is kept. The cost model
+    multiplies a request's compute CPU by it where the devices are CPU shares of one host
+    (`placement.core.profiles.ConfigProfile.cpu_per_batch_s`)."""
     import multiprocessing
 
     if processes < 2:
@@ -357,17 +360,24 @@ def measure_co_run_slowdown(source: ModelSource, batch_size: int, seq_len_tokens
     for worker in workers:
         worker.start()
     per_pass: dict[int, list[float]] = {}
+    cpu_per_pass: dict[int, list[float]] = {}
     for _ in range(phases // 2 * (1 + processes)):
-        phase, seconds = results.get()
+        phase, seconds, cpu_seconds = results.get()
         per_pass.setdefault(phase, []).append(seconds)
+        cpu_per_pass.setdefault(phase, []).append(cpu_seconds)
     for worker in workers:
         worker.join()
-    ratios = [statistics.mean(per_pass[phase + 1]) / per_pass[phase][0] for phase in range(0, phases, 2)]
-    slowdown = max(1.0, statistics.median(ratios))
-    logger.info("%s: %.2f ms per pass alone, %.2f ms with %d co-running (median phases): slowdown %.2f", source.name,
-                1e3 * statistics.median(per_pass[p][0] for p in range(0, phases, 2)),
-                1e3 * statistics.median(statistics.mean(per_pass[p]) for p in range(1, phases, 2)), processes,
-                slowdown)
+
+    def median_ratio(figures: dict[int, list[float]]) -> float:
+        return statistics.median(statistics.mean(figures[phase + 1]) / figures[phase][0]
+                                 for phase in range(0, phases, 2))
+
+    slowdown = max(1.0, median_ratio(cpu_per_pass))
+    logger.info("%s: %.2f ms CPU per pass alone, %.2f ms with %d co-running (median phases): slowdown %.2f "
+                "(wall time: %.2f)", source.name,
+                1e3 * statistics.median(cpu_per_pass[p][0] for p in range(0, phases, 2)),
+                1e3 * statistics.median(statistics.mean(cpu_per_pass[p]) for p in range(1, phases, 2)), processes,
+                slowdown, median_ratio(per_pass))
     return slowdown
 
 
@@ -449,9 +459,21 @@ def processes_cpu_s(pids: set[int]) -> float:
     return sum(seconds for seconds in map(process_cpu_s, pids) if seconds is not None)
 
 
-def _relay_latency_s(links: PipelineTransport, state: ActivationState, warmup: int, requests: int) -> float:
-    """Median wall seconds of one request relayed through `links`, requests one after another."""
-    return _timed(lambda: links.submit(state).result(), warmup, requests)
+def interleaved_relay_latency_s(chains: dict[int, PipelineTransport], state: ActivationState, warmup: int,
+                           requests: int) -> dict[int, float]:
+    """Median wall seconds of one request relayed through each chain, requests one after another, the chains taking
+    turns request by request: a drift of the shared machine's speed lands on every chain alike, and their difference
+    (one more hop) does not follow it."""
+    for links in chains.values():
+        for _ in range(warmup):
+            links.submit(state).result()
+    times: dict[int, list[float]] = {length: [] for length in chains}
+    for _ in range(requests):
+        for length, links in chains.items():
+            start = time.perf_counter()
+            links.submit(state).result()
+            times[length].append(time.perf_counter() - start)
+    return {length: statistics.median(samples) for length, samples in times.items()}
 
 
 def _relay_state(payload_bytes: int) -> ActivationState:
@@ -471,7 +493,7 @@ def profile_link_sends(actors: Sequence, sizes_bytes: Sequence[int] = DEFAULT_CO
     try:
         for num_bytes in sizes_bytes:
             state = _relay_state(num_bytes)
-            latency = {length: _relay_latency_s(links, state, warmup, requests) for length, links in chains.items()}
+            latency = interleaved_relay_latency_s(chains, state, warmup, requests)
             sizes.append(state_bytes(state))
             hops.append(max(0.0, (latency[long] - latency[short]) / (long - short)))
     finally:
@@ -492,7 +514,8 @@ def profile_hop_overhead(actors: Sequence, payload_bytes: int = DEFAULT_HOP_PAYL
     actors and their raylet) spend per request while `requests` are in flight, less what they spend anyway: their
     background rate, counted over `BACKGROUND_SECONDS` with nothing in flight (Ray's raylet, GCS and agents poll and
     report whatever the load, which a fast probe would amortise over thousands of requests per second and a model
-    serving tens would not). Off Linux (no /proc) the wall times stand in for CPU and the background is 0."""
+    serving tens would not). The CPU other processes of the host spend meanwhile is reported beside it
+    (`HopOverhead.foreign_cpu_cores`). Off Linux (no /proc) the wall times stand in for CPU and the background is 0."""
     import ray
 
     if len(actors) < max(HOP_CHAIN_LENGTHS):
@@ -500,12 +523,14 @@ def profile_hop_overhead(actors: Sequence, payload_bytes: int = DEFAULT_HOP_PAYL
     state = _relay_state(payload_bytes)
     actor_pids = ray.get([actor.process_ids.remote() for actor in actors])
     pids = (process_tree(os.getpid()) | {pid for pair in actor_pids for pid in pair}) if PROC_ROOT.is_dir() else None
+    meter = ForeignLoadMeter(extra_pids=pids)
+    meter.start()
     background = background_cpu_cores(pids) if pids is not None else 0.0
-    latency_s, cpu_s = {}, {}
-    for length in HOP_CHAIN_LENGTHS:
-        links = PipelineTransport([[actor] for actor in actors[:length]])
-        try:
-            latency_s[length] = _relay_latency_s(links, state, warmup, HOP_SEQUENTIAL_REQUESTS)
+    chains = {length: PipelineTransport([[actor] for actor in actors[:length]]) for length in HOP_CHAIN_LENGTHS}
+    cpu_s = {}
+    try:
+        latency_s = interleaved_relay_latency_s(chains, state, warmup, HOP_SEQUENTIAL_REQUESTS)
+        for length, links in chains.items():
             if pids is None:
                 cpu_s[length] = latency_s[length]
                 continue
@@ -517,7 +542,8 @@ def profile_hop_overhead(actors: Sequence, payload_bytes: int = DEFAULT_HOP_PAYL
                 spent = processes_cpu_s(pids) - before - background * (time.perf_counter() - started)
                 samples.append(max(0.0, spent) / requests)
             cpu_s[length] = statistics.median(samples)
-        finally:
+    finally:
+        for links in chains.values():
             links.close()
     short, long = HOP_CHAIN_LENGTHS
     hop_latency = max(0.0, (latency_s[long] - latency_s[short]) / (long - short))
@@ -525,9 +551,55 @@ def profile_hop_overhead(actors: Sequence, payload_bytes: int = DEFAULT_HOP_PAYL
     hop = HopOverhead(payload_bytes=state_bytes(state), latency_s=hop_latency, cpu_s=hop_cpu,
                       request_cpu_s=max(0.0, cpu_s[short] - short * hop_cpu),
                       request_latency_s=max(0.0, latency_s[short] - short * hop_latency), host_cores=host_cores(),
-                      background_cpu_cores=background)
+                      background_cpu_cores=background, foreign_cpu_cores=meter.stop() or 0.0)
     logger.info("hop overhead: sequential latency %s s, CPU per request %s s -> %s", latency_s, cpu_s, hop)
     return hop
+
+
+def host_busy_cpu_s() -> float | None:
+    """CPU seconds the whole host has been busy so far, every core and every process, the hypervisor's steal
+    included (/proc/stat: all but idle and iowait); None off Linux."""
+    try:
+        fields = (PROC_ROOT / "stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    # cpu user nice system idle iowait irq softirq steal guest guest_nice (proc(5)); guest time is inside user.
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
+    return (user + nice + system + irq + softirq + steal) / _clock_ticks_per_s()
+
+
+class ForeignLoadMeter:
+    """The CPU load on this host that is not ours, over a span: the host's busy cores (steal included) less those of
+    the process tree under `root_pid` (a local Ray's GCS, raylet and actors descend from its driver) and `extra_pids`.
+    Another tenant's processes on the cores the stages share slow them without showing in any profile; the cost
+    model's throughput on CPU shares is priced on the cores left to them."""
+
+    def __init__(self, root_pid: int | None = None, extra_pids: set[int] | None = None):
+        self.root_pid = os.getpid() if root_pid is None else root_pid
+        self.extra_pids = set(extra_pids or ())
+        self._start: tuple[float, float | None, dict[int, float]] | None = None
+
+    def _own_cpu_s(self) -> dict[int, float]:
+        pids = process_tree(self.root_pid) | self.extra_pids
+        return {pid: seconds for pid in pids if (seconds := process_cpu_s(pid)) is not None}
+
+    def start(self) -> None:
+        self._start = (time.perf_counter(), host_busy_cpu_s(), self._own_cpu_s())
+
+    def stop(self) -> float | None:
+        """Foreign cores (CPU seconds per second) since `start`; None off Linux."""
+        if self._start is None:
+            raise RuntimeError("ForeignLoadMeter.stop before start")
+        started, host_before, own_before = self._start
+        host_after = host_busy_cpu_s()
+        if host_before is None or host_after is None:
+            return None
+        own_after = self._own_cpu_s()
+        # A process of ours that started meanwhile spent all its CPU in the span; one that ended took its count
+        # along (at most what it spent since it was last read, a sliver against the span).
+        own = sum(seconds - own_before.get(pid, 0.0) for pid, seconds in own_after.items())
+        elapsed = time.perf_counter() - started
+        return max(0.0, (host_after - host_before) - max(0.0, own)) / elapsed
 
 
 def background_cpu_cores(pids: set[int], seconds: float = BACKGROUND_SECONDS) -> float:

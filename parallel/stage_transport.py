@@ -10,15 +10,19 @@ owner). Ray still creates, places, sets up and kills the actors and carries thei
 Process groups (`torch.distributed.ProcessGroupGloo` / `ProcessGroupNCCL` built on a `TCPStore`, never the default
 group, which a tensor-parallel stage's shards use for their collectives):
 
-* gloo, every actor and the owner: each message's header (int64: kind, request id, and every tensor's field, dtype
-  and shape, so shapes vary from request to request) and its text (the names of `extras`, or a failure's message).
-  On a gloo edge the tensors travel in the same message: header, text and tensors packed into one host buffer,
-  received into a buffer the receiver posted as soon as the previous message arrived (a gloo send completes only
-  once its receive is posted, so a receive posted late would cost each hop a round trip); a message larger than
-  that buffer is announced by a RESIZE message first. An idle stage waits for its next message without a time limit;
+* gloo, every actor and the owner: each message's header message, of a fixed `HEADER_MESSAGE_BYTES` (int64 header:
+  kind, request id, and every tensor's field, dtype, shape and where it travels, so shapes vary from request to
+  request; then its text: the names of `extras`, or a failure's message; then its tensors of at most
+  `INLINE_LIMIT_BYTES`, an attention mask or a scalar, copied in). On a gloo edge every larger tensor (the hidden
+  state) follows as its own message, sent from the tensor's own memory (no pickling, no copy) under its own tag into
+  a payload receive the receiver posted ahead and reuses. A gloo send completes only once its receive is posted, so
+  each member keeps `HEADERS_PREPOSTED` header receives and `PAYLOAD_PREPOSTED` payload receives posted per peer it
+  hears from, re-posted as each message is taken: a stage sends on while the next one still computes. A payload
+  larger than those receives is announced by a RESIZE message, followed by one filler per receive posted at the old
+  size. An idle stage waits for its next header without a time limit;
 * NCCL, the actors only: the tensors between two actors on two different CUDA devices, device to device, after
-  their header on gloo. Every other edge is a gloo edge: the owner's, CPU stages', and two CUDA actors on one GPU
-  (NCCL refuses two ranks on one device), whose tensors go through host memory. One code path: an edge's backend
+  their header message on gloo. Every other edge is a gloo edge: the owner's, CPU stages', and two CUDA actors on one
+  GPU (NCCL refuses two ranks on one device), whose tensors go through host memory. One code path: an edge's backend
   follows its ends' devices (`nccl_edge`).
 
 Ranks: actor k (stage-major: stage s shard r is k = s * degree + r) is rank k, the owner the last rank. Shard 0 of
@@ -29,9 +33,10 @@ Rendezvous (`PipelineTransport`): the first stage's shard 0 starts a `TCPStore` 
 entries, the ranks and the world size to every actor (`join_transport`), joining itself at the same time.
 
 Failures: a stage's exception on one request travels on as a FAILURE message and fails only that request. A dead
-peer closes its connections: the gloo operation of every peer waiting on it fails at once; a stage whose upstream
-broke sends a BROKEN message on, and the owner fails every request in flight with a `TransportError` whose text
-names the dead actor (its `diagnose` callback asks Ray). Sends (which wait for the receiver to be ready, so they cover
+peer closes its connections: the gloo operation of every peer waiting on it fails at once with a `TransportError`
+naming the peer (its label and rank, exchanged at the rendezvous); a stage whose upstream broke sends a BROKEN
+message on, and the owner fails every request in flight with a `TransportError` whose text names the dead actor (its
+`diagnose` callback asks Ray). Sends (which wait for the receiver to be ready, so they cover
 one stage's compute) and NCCL receives give up after `TRANSFER_TIMEOUT_S`; the owner's own wait for an answer has its
 own limit (`ModelParallelGroup.result`). Peers on other nodes reach each other on the address gloo and NCCL pick
 for the host (set `GLOO_SOCKET_IFNAME` / `NCCL_SOCKET_IFNAME` to choose the interface).
@@ -39,6 +44,7 @@ for the host (set `GLOO_SOCKET_IFNAME` / `NCCL_SOCKET_IFNAME` to choose the inte
 
 from __future__ import annotations
 
+import collections
 import datetime
 import itertools
 import json
@@ -66,28 +72,43 @@ RENDEZVOUS_TIMEOUT_S = 60.0
 ACTOR_START_TIMEOUT_S = 300.0
 #: An idle stage's wait for its next request's header: no limit in practice (a dead peer ends it at once).
 IDLE_WAIT = datetime.timedelta(days=365)
-#: Header layout: magic, kind, request id, tensor count, text bytes, then per tensor: field, dtype, ndim, dims.
+#: Header layout: magic, kind, request id, tensor count, text bytes, then per tensor: field, dtype, where it travels
+#: (inline in the header message or as its own payload message), ndim, dims.
 MAGIC = 0x504C5853
 MAX_TENSORS = 8
 MAX_NDIM = 6
-TENSOR_SLOTS = 3 + MAX_NDIM
+TENSOR_SLOTS = 4 + MAX_NDIM
 HEADER_FIXED_SLOTS = 5
 HEADER_SLOTS = HEADER_FIXED_SLOTS + MAX_TENSORS * TENSOR_SLOTS
-#: Message kinds (RESIZE: the next messages need a larger receive buffer; its request id slot holds the bytes).
+#: Message kinds (RESIZE: the next payloads need larger receive buffers; its request id slot holds the bytes).
 KIND_STATE, KIND_FAILURE, KIND_BROKEN, KIND_STOP, KIND_RESIZE = 1, 2, 3, 4, 5
 KINDS = (KIND_STATE, KIND_FAILURE, KIND_BROKEN, KIND_STOP, KIND_RESIZE)
 HEADER_BYTES = HEADER_SLOTS * 8
-#: Where tensors start in a packed message: offsets aligned for any dtype's view.
+#: Where inline tensors start in a header message: offsets aligned for any dtype's view.
 ALIGN_BYTES = 64
-#: The receive buffer a member posts for a peer's messages until the peer announces a larger one.
-INITIAL_CAPACITY_BYTES = 1 << 16
+#: The fixed size of a header message (header, text, inline tensors), and so of the receive buffers posted for them.
+HEADER_MESSAGE_BYTES = 1 << 16
+#: A tensor of at most this many bytes travels inline in its header message (copied: an attention mask, a scalar);
+#: a larger one as its own payload message, sent from its own memory.
+INLINE_LIMIT_BYTES = 1 << 13
+#: The receive buffer a member posts for a peer's payloads until the peer announces a larger one (RESIZE).
+INITIAL_PAYLOAD_CAPACITY_BYTES = 1 << 20
+#: Header and payload receives a member keeps posted per peer ahead of the messages that take them: a stage may send
+#: this many messages on before the next stage takes the first of them, so a spell of jitter in one stage does not
+#: stall the other.
+HEADERS_PREPOSTED = 2
+PAYLOAD_PREPOSTED = 2
+#: Where a tensor travels: in its header message, or as its own message (gloo payload tag, or NCCL).
+INLINE, OUT_OF_BAND = 0, 1
 #: Fields of an `ActivationState`; an extra's name travels in the message text.
 FIELD_HIDDEN, FIELD_ATTENTION_MASK, FIELD_ATTENTION_BIAS, FIELD_EXTRA = 0, 1, 2, 3
+FIELD_NAMES = ("hidden", "attention_mask", "attention_bias")
 #: The dtypes a message carries, by code (the header's dtype slot).
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int16,
           torch.int8, torch.uint8, torch.bool)
 DTYPE_CODES = {dtype: code for code, dtype in enumerate(DTYPES)}
-TAG = 0
+#: gloo tags: header messages and payload messages match their own posted receives, in order per peer.
+TAG_HEADER, TAG_PAYLOAD = 0, 1
 #: Device key of a member that holds its tensors in host memory.
 HOST_DEVICE = "cpu"
 
@@ -118,33 +139,69 @@ def _state_tensors(state: ActivationState) -> list[tuple[int, str, torch.Tensor]
     return [(code, name, tensor) for code, name, tensor in fields if tensor is not None]
 
 
-def encode_header(message: Message) -> tuple[torch.Tensor, bytes, list[torch.Tensor]]:
-    """(header, text bytes, tensors in order) of a message. ValueError when a state has more tensors than
-    `MAX_TENSORS`, a tensor more dimensions than `MAX_NDIM`, or a dtype outside `DTYPES`."""
+def _num_bytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _aligned(offset: int) -> int:
+    return -(-offset // ALIGN_BYTES) * ALIGN_BYTES
+
+
+def inline_offsets(text_len: int, sizes: Sequence[int]) -> list[int]:
+    """Byte offsets of a header message's inline tensors: after the header and the text, each aligned."""
+    offsets, offset = [], HEADER_BYTES + text_len
+    for size in sizes:
+        offset = _aligned(offset)
+        offsets.append(offset)
+        offset += size
+    return offsets
+
+
+def encode_header(message: Message, inline: bool = True) -> tuple[torch.Tensor, bytes, list[torch.Tensor],
+                                                                 list[torch.Tensor]]:
+    """(header, text bytes, inline tensors, out-of-band tensors, each in order) of a message. With `inline`, every
+    tensor of at most `INLINE_LIMIT_BYTES` that still fits the header message travels in it; the others travel as
+    payload messages. ValueError when a state has more tensors than `MAX_TENSORS`, a tensor more dimensions than
+    `MAX_NDIM`, or a dtype outside `DTYPES`, or its extras' names do not fit the header message; a failure's text
+    that does not fit is cut."""
     slots = [0] * HEADER_SLOTS
-    tensors: list[torch.Tensor] = []
+    inline_tensors: list[torch.Tensor] = []
+    payloads: list[torch.Tensor] = []
     text = message.text
+    entries = _state_tensors(message.state) if message.kind == KIND_STATE else []
+    if len(entries) > MAX_TENSORS:
+        raise ValueError(f"an activation state carries {len(entries)} tensors; the transport's limit is "
+                         f"{MAX_TENSORS}")
     if message.kind == KIND_STATE:
-        entries = _state_tensors(message.state)
-        if len(entries) > MAX_TENSORS:
-            raise ValueError(f"an activation state carries {len(entries)} tensors; the transport's limit is "
-                             f"{MAX_TENSORS}")
         names = [name for code, name, _ in entries if code == FIELD_EXTRA]
         text = json.dumps(names) if names else ""
-        for index, (code, name, tensor) in enumerate(entries):
-            label = name or ("hidden", "attention_mask", "attention_bias")[code]
-            if tensor.dim() > MAX_NDIM:
-                raise ValueError(f"activation tensor {label!r} has {tensor.dim()} dimensions; the transport's "
-                                 f"limit is {MAX_NDIM}")
-            if tensor.dtype not in DTYPE_CODES:
-                raise ValueError(f"activation tensor {label!r} has dtype {tensor.dtype}; the transport carries "
-                                 f"{[str(d) for d in DTYPES]}")
-            base = HEADER_FIXED_SLOTS + index * TENSOR_SLOTS
-            slots[base:base + 3 + tensor.dim()] = [code, DTYPE_CODES[tensor.dtype], tensor.dim(), *tensor.shape]
-            tensors.append(tensor)
     raw = text.encode()
-    slots[:HEADER_FIXED_SLOTS] = [MAGIC, message.kind, message.request_id, len(tensors), len(raw)]
-    return torch.tensor(slots, dtype=torch.int64), raw, tensors
+    room = HEADER_MESSAGE_BYTES - HEADER_BYTES
+    if len(raw) > room:
+        if message.kind == KIND_STATE:
+            raise ValueError(f"the names of an activation state's extras take {len(raw)} bytes; the transport's "
+                             f"limit is {room}")
+        raw = raw[:room - 3].decode(errors="ignore").encode() + b"..."
+    end = HEADER_BYTES + len(raw)
+    for index, (code, name, tensor) in enumerate(entries):
+        label = name or FIELD_NAMES[code]
+        if tensor.dim() > MAX_NDIM:
+            raise ValueError(f"activation tensor {label!r} has {tensor.dim()} dimensions; the transport's "
+                             f"limit is {MAX_NDIM}")
+        if tensor.dtype not in DTYPE_CODES:
+            raise ValueError(f"activation tensor {label!r} has dtype {tensor.dtype}; the transport carries "
+                             f"{[str(d) for d in DTYPES]}")
+        size = _num_bytes(tensor)
+        where = OUT_OF_BAND
+        if inline and size <= INLINE_LIMIT_BYTES and _aligned(end) + size <= HEADER_MESSAGE_BYTES:
+            where, end = INLINE, _aligned(end) + size
+            inline_tensors.append(tensor)
+        else:
+            payloads.append(tensor)
+        base = HEADER_FIXED_SLOTS + index * TENSOR_SLOTS
+        slots[base:base + 4 + tensor.dim()] = [code, DTYPE_CODES[tensor.dtype], where, tensor.dim(), *tensor.shape]
+    slots[:HEADER_FIXED_SLOTS] = [MAGIC, message.kind, message.request_id, len(entries), len(raw)]
+    return torch.tensor(slots, dtype=torch.int64), raw, inline_tensors, payloads
 
 
 @dataclass(frozen=True)
@@ -152,6 +209,7 @@ class TensorSpec:
     field: int
     dtype: torch.dtype
     shape: tuple[int, ...]
+    where: int = INLINE
 
     @property
     def num_bytes(self) -> int:
@@ -170,8 +228,8 @@ def decode_header(header: torch.Tensor) -> tuple[int, int, list[TensorSpec], int
     specs = []
     for index in range(count):
         base = HEADER_FIXED_SLOTS + index * TENSOR_SLOTS
-        code, dtype, ndim = values[base:base + 3]
-        specs.append(TensorSpec(code, DTYPES[dtype], tuple(values[base + 3:base + 3 + ndim])))
+        code, dtype, where, ndim = values[base:base + 4]
+        specs.append(TensorSpec(code, DTYPES[dtype], tuple(values[base + 4:base + 4 + ndim]), where))
     return kind, request_id, specs, text_len
 
 
@@ -181,34 +239,34 @@ def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8, device=tensor.device)
 
 
-def _aligned(offset: int) -> int:
-    return -(-offset // ALIGN_BYTES) * ALIGN_BYTES
-
-
-def payload_offsets(text_len: int, sizes: Sequence[int]) -> list[int]:
-    """Byte offsets of a packed message's tensors: after the header and the text, each aligned."""
-    offsets, offset = [], HEADER_BYTES + text_len
-    for size in sizes:
-        offset = _aligned(offset)
-        offsets.append(offset)
-        offset += size
-    return offsets
-
-
-def pack(header: torch.Tensor, text: bytes, payloads: Sequence[torch.Tensor],
-         out: torch.Tensor | None = None) -> torch.Tensor:
-    """One message as one host buffer: the header, the text, then each payload (flat uint8) at its offset; written
-    into the front of `out` when it is large enough (a buffer reused message after message: fresh memory costs a
-    page fault per page on every message)."""
-    offsets = payload_offsets(len(text), [p.numel() for p in payloads])
+def pack_header(header: torch.Tensor, text: bytes, inline: Sequence[torch.Tensor],
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """A header message as one host buffer: the header, the text, then each inline tensor (as bytes, on the host) at
+    its offset; written into `out` (a buffer of `HEADER_MESSAGE_BYTES` reused message after message) when given.
+    Returns the used front of the buffer."""
+    payloads = [as_bytes(t.cpu()) for t in inline]
+    offsets = inline_offsets(len(text), [p.numel() for p in payloads])
     total = offsets[-1] + payloads[-1].numel() if payloads else HEADER_BYTES + len(text)
-    buffer = out[:total] if out is not None and out.numel() >= total else torch.empty(total, dtype=torch.uint8)
+    if total > HEADER_MESSAGE_BYTES:
+        raise ValueError(f"a header message of {total} bytes exceeds the transport's {HEADER_MESSAGE_BYTES}")
+    buffer = out[:total] if out is not None else torch.empty(total, dtype=torch.uint8)
     buffer[:HEADER_BYTES] = header.view(torch.uint8)
     if text:
         buffer[HEADER_BYTES:HEADER_BYTES + len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
     for offset, payload in zip(offsets, payloads):
         buffer[offset:offset + payload.numel()] = payload
     return buffer
+
+
+def unpack_header(buffer: torch.Tensor) -> tuple[int, int, list[TensorSpec], str, list[torch.Tensor]]:
+    """(kind, request id, specs, text, inline tensors copied out of `buffer`) of a received header message."""
+    kind, request_id, specs, text_len = decode_header(buffer[:HEADER_BYTES].view(torch.int64))
+    text = buffer[HEADER_BYTES:HEADER_BYTES + text_len].numpy().tobytes().decode() if text_len else ""
+    inline = [spec for spec in specs if spec.where == INLINE]
+    offsets = inline_offsets(text_len, [spec.num_bytes for spec in inline])
+    tensors = [buffer[offset:offset + spec.num_bytes].clone().view(spec.dtype).reshape(spec.shape)
+               for offset, spec in zip(offsets, inline)]
+    return kind, request_id, specs, text, tensors
 
 
 def build_state(specs: Sequence[TensorSpec], tensors: Sequence[torch.Tensor], text: str) -> ActivationState:
@@ -218,7 +276,7 @@ def build_state(specs: Sequence[TensorSpec], tensors: Sequence[torch.Tensor], te
         if spec.field == FIELD_EXTRA:
             state["extras"][next(names)] = tensor
         else:
-            state[("hidden", "attention_mask", "attention_bias")[spec.field]] = tensor
+            state[FIELD_NAMES[spec.field]] = tensor
     return ActivationState(**state)
 
 
@@ -280,7 +338,8 @@ class TransportSpec:
 
 @dataclass
 class Member:
-    """One process's end of a pipeline's transport: its rank, its process groups and every member's device."""
+    """One process's end of a pipeline's transport: its rank, its process groups, every member's device and label,
+    and the receives it keeps posted for each peer it hears from."""
 
     spec: TransportSpec
     rank: int
@@ -290,17 +349,25 @@ class Member:
     control: Any = None
     nccl: Any = None
     devices: list[str] = field(default_factory=list)
-    #: Per peer: the receive buffer it posts for this member's messages, the one this member posts for its
-    #: messages, and the receive posted for its next message.
+    labels: list[str] = field(default_factory=list)
+    #: Whether a received message's payload buffers are reused once `release` hands them back (a stage's loop, once
+    #: the message's output was sent on); the owner hands its answers out and never does.
+    recycle_buffers: bool = False
+    #: Per peer: the capacity of the payload receives it posts for this member (as this member announced it), and
+    #: of those this member posts for it.
     _send_capacity: dict[int, int] = field(default_factory=dict)
     _receive_capacity: dict[int, int] = field(default_factory=dict)
-    _posted: dict[int, tuple[Any, torch.Tensor]] = field(default_factory=dict)
-    #: Whether a received message's buffer is reused for the message after next: a stage's loop has sent a
-    #: message's output on before it takes the next one, the owner hands its answers out and must not.
-    recycle_buffers: bool = False
-    _receive_buffers: dict[int, list[torch.Tensor]] = field(default_factory=dict)
-    _send_buffer: torch.Tensor = field(default_factory=lambda: torch.empty(INITIAL_CAPACITY_BYTES,
-                                                                           dtype=torch.uint8))
+    #: Per peer: the header receives posted for its next messages, in order, and free header buffers.
+    _header_posted: dict[int, collections.deque] = field(default_factory=dict)
+    _header_free: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+    #: Per peer: payload receives posted, in the order its payload messages will match them; free payload buffers;
+    #: the buffers of the message last taken (lent to its state until the next one is taken).
+    _payload_posted: dict[int, collections.deque] = field(default_factory=dict)
+    _payload_free: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+    _payload_lent: dict[int, collections.deque] = field(default_factory=dict)
+    #: Header messages are packed into these in turn: a send may still be in flight while the next is packed.
+    _header_send_buffers: list[torch.Tensor] = field(default_factory=lambda: [
+        torch.empty(HEADER_MESSAGE_BYTES, dtype=torch.uint8) for _ in range(2)])
 
     @classmethod
     def join(cls, spec: TransportSpec, rank: int, device: torch.device, label: str, store: Any = None) -> "Member":
@@ -313,9 +380,11 @@ class Member:
         prefixed = dist.PrefixStore(spec.key, store)
         member = cls(spec=spec, rank=rank, device=device, label=label, store=store)
         prefixed.set(f"device/{rank}", device_key(device))
+        prefixed.set(f"label/{rank}", label)
         member.control = dist.ProcessGroupGloo(dist.PrefixStore("gloo", prefixed), rank, spec.world_size,
                                                _timedelta(spec.timeout_s))
         member.devices = [prefixed.get(f"device/{r}").decode() for r in range(spec.world_size)]
+        member.labels = [prefixed.get(f"label/{r}").decode() for r in range(spec.world_size)]
         mine = member.devices[rank]
         if any(nccl_edge(mine, other) for other in member.devices):
             # The actors' ranks only (the owner, the last rank, holds no GPU of the pipeline); communicators are
@@ -324,90 +393,157 @@ class Member:
                                                 _timedelta(spec.timeout_s))
         return member
 
+    def peer_name(self, peer: int) -> str:
+        """A peer as errors name it: its label and rank."""
+        label = self.labels[peer] if peer < len(self.labels) else "rank"
+        return f"{label} (rank {peer})"
+
     def edge_device(self, peer: int) -> torch.device:
         """Where a tensor to or from `peer` lives while it travels."""
         return self.device if nccl_edge(self.devices[self.rank], self.devices[peer]) else torch.device("cpu")
 
-    def _data_group(self, peer: int):
-        return self.nccl if nccl_edge(self.devices[self.rank], self.devices[peer]) else self.control
+    # ---- sending ----
 
-    def send(self, message: Message, peers: Sequence[int]) -> None:
-        """Send one message to each of `peers` in turn. On a gloo edge the message is one buffer (header, text,
-        tensors); on an NCCL edge the header and text go on gloo and each tensor on NCCL, device to device."""
+    def send(self, message: Message, peers: Sequence[int], wait: bool = True) -> "PendingSend":
+        """Send one message to each of `peers`: its header message (header, text, small tensors) on gloo, then each
+        larger tensor as its own message straight from its memory, on gloo into a receive the peer posted ahead, or
+        on NCCL device to device. ValueError (nothing sent) for a state the header cannot describe. With `wait`, returns
+        once every send completed; else at once, the sends in flight (`PendingSend.wait` before the next `send`: the
+        header buffers alternate between two sends). A failed send raises TransportError naming the peer."""
+        pending = PendingSend(self)
         if not peers:
+            return pending
+        self._header_send_buffers.reverse()
+        out = self._header_send_buffers[0]
+        for gloo in sorted({not nccl_edge(self.devices[self.rank], self.devices[peer]) for peer in peers}):
+            header, text, inline, payloads = encode_header(message, inline=gloo)
+            packed = pack_header(header, text, inline if gloo else [], out if gloo else out.clone())
+            data = [as_bytes(t.cpu() if gloo else t.to(self.device)) for t in payloads]
+            pending.keep += [packed, *data]
+            for peer in peers:
+                if gloo != (not nccl_edge(self.devices[self.rank], self.devices[peer])):
+                    continue
+                try:
+                    if gloo:
+                        self._resize_if_needed(peer, max((d.numel() for d in data), default=0), pending)
+                        pending.works.append((self.control.send([packed], peer, TAG_HEADER), peer))
+                        pending.works += [(self.control.send([d], peer, TAG_PAYLOAD), peer) for d in data if d.numel()]
+                    else:
+                        pending.works.append((self.control.send([packed], peer, TAG_HEADER), peer))
+                        pending.works += [(self.nccl.send([d], peer, 0), peer) for d in data if d.numel()]
+                except (RuntimeError, AttributeError) as error:  # a dead peer, a closed group (None after close)
+                    raise TransportError(f"{self.label}: sending to {self.peer_name(peer)} failed: {error}") from error
+        if wait:
+            pending.wait()
+        return pending
+
+    def _resize_if_needed(self, peer: int, largest: int, pending: "PendingSend") -> None:
+        """When a payload exceeds the receives `peer` posts for this member: announce larger ones (RESIZE), then
+        fill the `PAYLOAD_PREPOSTED` receives it posted already, so the payloads after them match the larger ones."""
+        capacity = self._send_capacity.get(peer, INITIAL_PAYLOAD_CAPACITY_BYTES)
+        if largest <= capacity:
             return
-        header, text, tensors = encode_header(message)
-        timeout = _timedelta(self.spec.timeout_s)
-        for peer in peers:
-            in_band = not nccl_edge(self.devices[self.rank], self.devices[peer])
-            payloads = [as_bytes(t.to(self.edge_device(peer))) for t in tensors]
-            packed = pack(header, text, payloads if in_band else [], self._send_buffer)
-            if packed.untyped_storage().data_ptr() != self._send_buffer.untyped_storage().data_ptr():
-                self._send_buffer = torch.empty(2 * packed.numel(), dtype=torch.uint8)  # for the next ones
-            works = self._send_packed(peer, packed)
-            if not in_band:
-                works += [self.nccl.send([payload], peer, TAG) for payload in payloads if payload.numel()]
-            for work in works:
-                work.wait(timeout)
+        capacity = max(largest, 2 * capacity)
+        self._send_capacity[peer] = capacity
+        resize, text, _, _ = encode_header(Message(KIND_RESIZE, capacity))
+        packed = pack_header(resize, text, [])
+        filler = torch.zeros(1, dtype=torch.uint8)
+        pending.keep += [packed, filler]
+        pending.works.append((self.control.send([packed], peer, TAG_HEADER), peer))
+        pending.works += [(self.control.send([filler], peer, TAG_PAYLOAD), peer) for _ in range(PAYLOAD_PREPOSTED)]
 
-    def _send_packed(self, peer: int, packed: torch.Tensor) -> list:
-        """Post the send of one packed message, announcing a larger receive buffer first when it needs one."""
-        works = []
-        capacity = self._send_capacity.get(peer, INITIAL_CAPACITY_BYTES)
-        if packed.numel() > capacity:
-            capacity = max(packed.numel(), 2 * capacity)
-            resize, _, _ = encode_header(Message(KIND_RESIZE, capacity))
-            works.append(self.control.send([pack(resize, b"", [])], peer, TAG))
-            self._send_capacity[peer] = capacity
-        works.append(self.control.send([packed], peer, TAG))
-        return works
+    # ---- receiving ----
 
-    def _post_receive(self, peer: int) -> None:
-        """Post the receive of `peer`'s next message: into a fresh buffer, or, where `recycle_buffers`, into the one
-        of the message before last (two per peer, alternating)."""
-        capacity = self._receive_capacity.get(peer, INITIAL_CAPACITY_BYTES)
-        if not self.recycle_buffers:
+    def _top_up_headers(self, peer: int) -> None:
+        posted = self._header_posted.setdefault(peer, collections.deque())
+        free = self._header_free.setdefault(peer, [])
+        while len(posted) < HEADERS_PREPOSTED:
+            buffer = free.pop() if free else torch.empty(HEADER_MESSAGE_BYTES, dtype=torch.uint8)
+            posted.append((self.control.recv([buffer], peer, TAG_HEADER), buffer))
+
+    def _post_payload(self, peer: int) -> None:
+        capacity = self._receive_capacity.get(peer, INITIAL_PAYLOAD_CAPACITY_BYTES)
+        free = self._payload_free.setdefault(peer, [])
+        buffer = free.pop() if free and free[-1].numel() == capacity else None
+        if buffer is None:
+            free.clear()
             buffer = torch.empty(capacity, dtype=torch.uint8)
-        else:
-            ring = self._receive_buffers.setdefault(peer, [])
-            if len(ring) < 2 or ring[0].numel() != capacity:
-                ring.append(torch.empty(capacity, dtype=torch.uint8))
-                del ring[:-2]
-            else:
-                ring.reverse()
-            buffer = ring[-1]
-        self._posted[peer] = (self.control.recv([buffer], peer, TAG), buffer)
+        self._payload_posted[peer].append((self.control.recv([buffer], peer, TAG_PAYLOAD), buffer))
+
+    def _top_up_payloads(self, peer: int) -> None:
+        posted = self._payload_posted.setdefault(peer, collections.deque())
+        while len(posted) < PAYLOAD_PREPOSTED:
+            self._post_payload(peer)
+
+    def _take_payload(self, peer: int, timeout: datetime.timedelta) -> torch.Tensor:
+        posted = self._payload_posted.setdefault(peer, collections.deque())
+        if not posted:
+            self._post_payload(peer)
+        work, buffer = posted.popleft()
+        work.wait(timeout)
+        return buffer
 
     def receive(self, peer: int) -> Message:
-        """The next message from `peer`: waits without limit for it (the receive is posted as soon as the previous
-        message arrived, so a sender never waits for this side to ask), then at most the transfer timeout for
-        tensors on NCCL."""
+        """The next message from `peer`: waits without limit for its header (posted as soon as the previous one
+        arrived, as are the receives of its payloads, so a sender never waits for this side to ask), then at most
+        the transfer timeout for each payload. TransportError naming the peer when the link breaks."""
+        try:
+            return self._receive(peer)
+        except (RuntimeError, AttributeError) as error:  # a dead peer, a closed group (None after close)
+            if isinstance(error, TransportError):
+                raise
+            raise TransportError(f"{self.label}: the link from {self.peer_name(peer)} broke: {error}") from error
+
+    def _receive(self, peer: int) -> Message:
+        timeout = _timedelta(self.spec.timeout_s)
+        self._top_up_payloads(peer)
         while True:
-            if peer not in self._posted:
-                self._post_receive(peer)
-            work, buffer = self._posted.pop(peer)
+            self._top_up_headers(peer)
+            work, buffer = self._header_posted[peer].popleft()
             work.wait(IDLE_WAIT)
-            kind, request_id, specs, text_len = decode_header(buffer[:HEADER_BYTES].view(torch.int64))
-            if kind == KIND_RESIZE:
-                self._receive_capacity[peer] = request_id
-                continue
-            break
-        if kind not in (KIND_STOP, KIND_BROKEN):
-            self._post_receive(peer)
-        text = buffer[HEADER_BYTES:HEADER_BYTES + text_len].numpy().tobytes().decode() if text_len else ""
+            kind, request_id, specs, text, inline = unpack_header(buffer)  # inline tensors copied out
+            self._header_free[peer].append(buffer)
+            if kind in (KIND_STOP, KIND_BROKEN):
+                break
+            self._top_up_headers(peer)
+            if kind != KIND_RESIZE:
+                break
+            for _ in range(PAYLOAD_PREPOSTED):  # the fillers of the receives posted at the old capacity
+                self._take_payload(peer, timeout)
+            self._receive_capacity[peer] = request_id
+            self._payload_free.pop(peer, None)
+            self._top_up_payloads(peer)
         if kind != KIND_STATE:
+            if self.recycle_buffers and kind == KIND_FAILURE:  # one `release` per message a stage passes on
+                self._payload_lent.setdefault(peer, collections.deque()).append([])
             return Message(kind, request_id, text=text)
-        if not nccl_edge(self.devices[self.rank], self.devices[peer]):
-            offsets = payload_offsets(text_len, [spec.num_bytes for spec in specs])
-            tensors = [buffer[offset:offset + spec.num_bytes].view(spec.dtype).reshape(spec.shape)
-                       for offset, spec in zip(offsets, specs)]
-            return Message(kind, request_id, build_state(specs, tensors, text), text)
-        buffers = [torch.empty(spec.num_bytes, dtype=torch.uint8, device=self.device) for spec in specs]
-        works = [self.nccl.recv([b], peer, TAG) for b in buffers if b.numel()]
-        for work in works:
-            work.wait(_timedelta(self.spec.timeout_s))
-        tensors = [b.view(spec.dtype).reshape(spec.shape) for b, spec in zip(buffers, specs)]
+        gloo = not nccl_edge(self.devices[self.rank], self.devices[peer])
+        inline_tensors = iter(inline)
+        tensors, taken = [], []
+        for spec in specs:
+            if spec.where == INLINE:
+                tensors.append(next(inline_tensors))
+            elif not spec.num_bytes:
+                tensors.append(torch.empty(spec.shape, dtype=spec.dtype, device=self.edge_device(peer)))
+            elif gloo:
+                buffer = self._take_payload(peer, timeout)
+                taken.append(buffer)
+                tensors.append(buffer[:spec.num_bytes].view(spec.dtype).reshape(spec.shape))
+            else:
+                buffer = torch.empty(spec.num_bytes, dtype=torch.uint8, device=self.device)
+                self.nccl.recv([buffer], peer, 0).wait(timeout)
+                tensors.append(buffer.view(spec.dtype).reshape(spec.shape))
+        if self.recycle_buffers:
+            self._payload_lent.setdefault(peer, collections.deque()).append(taken)
+        self._top_up_payloads(peer)
         return Message(kind, request_id, build_state(specs, tensors, text), text)
+
+    def release(self, peer: int) -> None:
+        """The oldest message taken from `peer` is done with (its output was sent on): its payload buffers take
+        payloads again (`recycle_buffers` only)."""
+        lent = self._payload_lent.get(peer)
+        if lent:
+            self._payload_free.setdefault(peer, []).extend(lent.popleft())
 
     def close(self) -> None:
         """Drop the process groups (aborting what is in flight) and the store connection."""
@@ -421,15 +557,49 @@ class Member:
         self.store = None
 
 
+class PendingSend:
+    """The sends of one message in flight, and the tensors whose memory they read (kept alive until they complete)."""
+
+    def __init__(self, member: Member):
+        self.member = member
+        self.works: list[tuple[Any, int]] = []
+        self.keep: list[torch.Tensor] = []
+
+    def wait(self) -> None:
+        """Wait until every send completed (at most the transfer timeout each); TransportError naming the peer whose
+        send failed."""
+        timeout = _timedelta(self.member.spec.timeout_s)
+        works, self.works = self.works, []
+        for work, peer in works:
+            try:
+                work.wait(timeout)
+            except RuntimeError as error:  # a dead peer, an aborted group
+                raise TransportError(f"{self.member.label}: sending to {self.member.peer_name(peer)} failed: "
+                                     f"{error}") from error
+        self.keep = []
+
+
 # ---- the stage side ----
 
 
 def serve_stage(member: Member, forward: Callable[[ActivationState], Any]) -> None:
-    """A stage's loop: receive each request from upstream, run it, send the output on (shard 0). A stage's failure
-    on a request travels on as a FAILURE message; a broken upstream ends the loop after passing BROKEN on."""
+    """A stage's loop: receive each request from upstream, run it, send the output on (shard 0). The loop does not
+    wait for the output's sends to complete (gloo's send call itself returns once the socket took the bytes, which
+    the next stage's receive posted ahead drains): it waits for them before it sends the next output, and only then
+    does the request's input buffer take payloads again. A stage's failure on a request travels on as a FAILURE
+    message; a broken upstream ends the loop after passing BROKEN on."""
     spec, rank, label = member.spec, member.rank, member.label
     upstream, downstream = spec.upstream(rank), spec.downstream(rank)
-    member.recycle_buffers = True  # each request's output is sent on before the next request is taken
+    member.recycle_buffers = True
+    in_flight: PendingSend | None = None
+
+    def settle() -> None:
+        nonlocal in_flight
+        if in_flight is not None:
+            in_flight.wait()
+            member.release(upstream)
+            in_flight = None
+
     try:
         while True:
             try:
@@ -437,6 +607,7 @@ def serve_stage(member: Member, forward: Callable[[ActivationState], Any]) -> No
             except Exception as error:  # noqa: BLE001 - a dead or broken peer upstream
                 reason = f"{label}: its link from upstream broke: {error}"
                 logger.warning(reason)
+                settle()
                 member.send(Message(KIND_BROKEN, text=reason), downstream)
                 return
             if message.kind == KIND_STATE:
@@ -446,11 +617,14 @@ def serve_stage(member: Member, forward: Callable[[ActivationState], Any]) -> No
                 except Exception as error:  # noqa: BLE001 - the request fails, the stage goes on
                     logger.exception("%s failed on request %d", label, message.request_id)
                     message = Message(KIND_FAILURE, message.request_id, text=f"{label} failed: {error!r}")
+            settle()
             try:
-                member.send(message, downstream)
+                in_flight = member.send(message, downstream, wait=False)
             except ValueError as error:  # a state the header cannot describe: that request fails
-                member.send(Message(KIND_FAILURE, message.request_id, text=f"{label}: {error}"), downstream)
+                in_flight = member.send(Message(KIND_FAILURE, message.request_id, text=f"{label}: {error}"),
+                                        downstream, wait=False)
             if message.kind in (KIND_STOP, KIND_BROKEN):
+                settle()
                 return
     except Exception as error:  # noqa: BLE001 - a dead peer downstream: the owner learns it from its own links
         logger.warning("%s: stage transport closed: %s", label, error)
@@ -592,13 +766,18 @@ class PipelineTransport:
         return self._broken
 
     def _send_loop(self) -> None:
+        """Send each queued message to the first stage; a message's sends stay in flight until the next is sent."""
+        in_flight: PendingSend | None = None
         while True:
             message = self._outbox.get()
             if message is None:
                 return
             try:
-                self._member.send(message, self._first)
+                if in_flight is not None:
+                    in_flight.wait()
+                in_flight = self._member.send(message, self._first, wait=message.kind == KIND_STOP)
             except ValueError as error:  # a state the header cannot describe: that request fails
+                in_flight = None
                 self._resolve(message.request_id, error=TransportError(str(error)))
             except Exception as error:  # noqa: BLE001 - a dead peer, a closed group
                 self._break(f"sending to the first stage failed: {error}")

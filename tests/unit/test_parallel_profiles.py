@@ -198,3 +198,31 @@ def test_co_run_probe_alternates_alone_and_together_phases(tmp_path):
         measure_co_run_slowdown(source, 1, phases=3)
     with pytest.raises(ValueError, match="processes"):
         measure_co_run_slowdown(source, 1, processes=1)
+
+
+def _fake_proc(root, host_ticks: int, processes: dict[int, tuple[int, int]]) -> None:
+    """A /proc with the host's busy ticks (all in user time) and processes {pid: (parent pid, ticks)}."""
+    root.mkdir(exist_ok=True)
+    (root / "stat").write_text(f"cpu  {host_ticks} 0 0 1000 0 0 0 0 0 0\ncpu0 0 0 0 0 0 0 0 0 0 0\n")
+    for pid, (parent, ticks) in processes.items():
+        (root / str(pid)).mkdir(exist_ok=True)
+        fields = ["S", str(parent)] + ["0"] * 9 + [str(ticks), "0"] + ["0"] * 10
+        (root / str(pid) / "stat").write_text(f"{pid} (python) " + " ".join(fields) + "\n")
+
+
+def test_the_foreign_load_meter_counts_the_host_cpu_outside_our_process_tree(tmp_path, monkeypatch):
+    from parallel import profiler
+
+    proc = tmp_path / "proc"
+    clock = iter([10.0, 12.0])  # start, stop: a 2 s span
+    monkeypatch.setattr(profiler, "PROC_ROOT", proc)
+    monkeypatch.setattr(profiler, "_clock_ticks_per_s", lambda: 100)
+    monkeypatch.setattr(profiler.time, "perf_counter", lambda: next(clock))
+    # Ours: the driver (pid 10) and an actor under it (11); a stranger (20) that is not ours.
+    _fake_proc(proc, host_ticks=1000, processes={10: (1, 100), 11: (10, 100), 20: (1, 500)})
+    meter = profiler.ForeignLoadMeter(root_pid=10)
+    meter.start()
+    # Over 2 s: ours spend 1.5 + 1.0 CPU seconds, a new process of ours (12) 0.5, the host 4.0 in all.
+    _fake_proc(proc, host_ticks=1400, processes={10: (1, 250), 11: (10, 200), 12: (11, 50), 20: (1, 500)})
+    assert meter.stop() == pytest.approx((4.0 - 1.5 - 1.0 - 0.5) / 2)  # 0.5 foreign cores
+    assert profiler.host_busy_cpu_s() == pytest.approx(14.0)

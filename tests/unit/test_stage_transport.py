@@ -14,7 +14,8 @@ import torch
 
 from models.layers import ActivationState
 from parallel.stage_transport import (
-    HEADER_BYTES,
+    INLINE,
+    INLINE_LIMIT_BYTES,
     KIND_BROKEN,
     KIND_FAILURE,
     KIND_STATE,
@@ -29,9 +30,9 @@ from parallel.stage_transport import (
     device_key,
     encode_header,
     nccl_edge,
-    pack,
-    payload_offsets,
+    pack_header,
     serve_stage,
+    unpack_header,
 )
 
 #: Generous: a spawned stage process imports torch on a machine that may be busy.
@@ -90,17 +91,26 @@ STATES = {
 
 
 @pytest.mark.parametrize("name", list(STATES))
-def test_a_packed_message_describes_and_carries_every_tensor_of_a_state(name):
+def test_a_header_message_describes_every_tensor_and_carries_the_small_ones(name):
     state = STATES[name]
-    header, text, tensors = encode_header(Message(KIND_STATE, 41, state))
-    packed = pack(header, text, [as_bytes(t) for t in tensors])
-    kind, request_id, specs, text_len = decode_header(packed[:HEADER_BYTES].view(torch.int64))
-    assert (kind, request_id, text_len) == (KIND_STATE, 41, len(text))
-    offsets = payload_offsets(text_len, [spec.num_bytes for spec in specs])
-    rebuilt = build_state(specs, [packed[o:o + s.num_bytes].view(s.dtype).reshape(s.shape)
-                                  for o, s in zip(offsets, specs)], packed[HEADER_BYTES:HEADER_BYTES + text_len]
-                          .numpy().tobytes().decode())
+    header, text, inline, payloads = encode_header(Message(KIND_STATE, 41, state))
+    kind, request_id, specs, text_out, carried = unpack_header(pack_header(header, text, inline))
+    assert (kind, request_id, text_out) == (KIND_STATE, 41, text.decode())
+    assert len(carried) == len(inline) and not payloads  # every tensor of these states is small
+    rebuilt = build_state(specs, carried, text_out)
     assert _state_equal(rebuilt, state)
+
+
+def test_a_large_tensor_travels_as_its_own_payload_from_its_own_memory():
+    hidden = torch.randn(64, 384)
+    state = ActivationState(hidden=hidden, attention_mask=torch.ones(1, 64, dtype=torch.long))
+    header, text, inline, payloads = encode_header(Message(KIND_STATE, 3, state))
+    assert hidden.numel() * 4 > INLINE_LIMIT_BYTES
+    assert len(payloads) == 1 and as_bytes(payloads[0]).data_ptr() == hidden.data_ptr()  # no copy
+    _, _, specs, _, carried = unpack_header(pack_header(header, text, inline))
+    assert [spec.where == INLINE for spec in specs] == [False, True]
+    assert torch.equal(carried[0], state.attention_mask)
+    assert not encode_header(Message(KIND_STATE, 3, state), inline=False)[2]  # NCCL edges: every tensor apart
 
 
 def test_a_state_the_header_cannot_describe_is_refused_naming_the_limit():
@@ -133,14 +143,16 @@ def test_two_stages_pipeline_requests_of_any_shape_pass_failures_on_and_stop():
         stage.start()
     owner = members[spec.owner_rank]
     inputs = [STATES["text"], STATES["other-length"], ActivationState(hidden=torch.ones(3, dtype=torch.long)),
-              STATES["extras"], ActivationState(hidden=torch.randn(512, 1024)), STATES["text"]]  # 2 MB: a larger buffer
+              STATES["extras"], ActivationState(hidden=torch.randn(512, 1024)),  # 2 MB: larger payload receives
+              ActivationState(hidden=torch.randn(300, 1024), extras={"big": torch.randn(1200, 1024)}),  # 2 payloads
+              STATES["text"]]
     sender = threading.Thread(target=lambda: [owner.send(Message(KIND_STATE, i, s), [0]) for i, s in enumerate(inputs)]
                               + [owner.send(Message(KIND_FAILURE, 9, text="upstream failed"), [0]),
                                  owner.send(Message(KIND_STOP), [0])])
     sender.start()
     answers = [owner.receive(1) for _ in range(len(inputs) + 2)]
     sender.join(TIMEOUT_S)
-    assert [a.request_id for a in answers[:7]] == [0, 1, 2, 3, 4, 5, 9]
+    assert [a.request_id for a in answers[:8]] == [0, 1, 2, 3, 4, 5, 6, 9]
     for answer, state in zip(answers[:2], inputs[:2]):
         assert answer.kind == KIND_STATE and torch.equal(answer.state.hidden, state.hidden * 4)
         assert torch.equal(answer.state.attention_mask, state.attention_mask)
@@ -148,9 +160,10 @@ def test_two_stages_pipeline_requests_of_any_shape_pass_failures_on_and_stop():
     assert "stage wants float32" in answers[2].text
     assert _state_equal(answers[3].state, _double(_double(STATES["extras"])))  # the stage survived the failure
     assert torch.equal(answers[4].state.hidden, inputs[4].hidden * 4)
-    assert torch.equal(answers[5].state.hidden, inputs[5].hidden * 4)  # small again after the large one
-    assert (answers[6].kind, answers[6].text) == (KIND_FAILURE, "upstream failed")  # passed on, not computed
-    assert answers[7].kind == KIND_STOP
+    assert _state_equal(answers[5].state, _double(_double(inputs[5])))
+    assert torch.equal(answers[6].state.hidden, inputs[6].hidden * 4)  # small again after the large ones
+    assert (answers[7].kind, answers[7].text) == (KIND_FAILURE, "upstream failed")  # passed on, not computed
+    assert answers[8].kind == KIND_STOP
     for stage in stages:
         stage.join(TIMEOUT_S)
         assert not stage.is_alive()
@@ -179,6 +192,7 @@ def test_a_dead_stage_breaks_the_pipeline_and_the_owner_hears_it_naming_the_stag
         os.kill(process.pid, signal.SIGKILL)
         broken = owner.receive(1)
         assert broken.kind == KIND_BROKEN and broken.text.startswith("stage 1: its link from upstream broke")
+        assert "the link from stage 0 (rank 0) broke" in broken.text  # names the dead peer
         stage.join(TIMEOUT_S)
         assert not stage.is_alive()
     finally:
