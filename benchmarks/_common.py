@@ -102,15 +102,17 @@ def rerun_command(name: str, argv: list[str]) -> str:
 def result_record(figures: dict[str, Any], *, name: str | None = None, quick: bool | None = None,
                   argv: list[str] | None = None) -> dict[str, Any]:
     """The record `emit_json` writes to `benchmarks/results/NAME.json`: where, when, from which commit and by which
-    command the figures were measured, whether it was a `--quick` run, and the figures themselves."""
+    command the figures were measured, whether it was a `--quick` run, and the figures themselves. `name` names a
+    result of its own (`concat_batching_long_texts`); the command names the module that ran."""
     argv = list(sys.argv if argv is None else argv)
-    name = name or benchmark_name()
+    module = benchmark_name()
+    name = name or module
     return {
         "benchmark": name,
         "machine": machine_description(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": git_commit(),
-        "command": rerun_command(name, argv),
+        "command": rerun_command(module, argv),
         "quick": ("--quick" in argv) if quick is None else quick,
         "figures": _jsonable(figures),
     }

@@ -16,10 +16,13 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 import pytest
 
 #: `tests/` on the import path, so that test files here and in subfolders import its helpers (`from waiting import
-#: wait_until`, `from conftest import ...`) under any pytest import mode.
+#: wait_until`, `from conftest import ...`) under any pytest import mode; the repository's root too, so that tests
+#: import the benchmarks' modules (`from benchmarks import serve_e2e`), which are not an installed package.
 TESTS_DIR = str(Path(__file__).resolve().parent)
-if TESTS_DIR not in sys.path:
-    sys.path.insert(0, TESTS_DIR)
+REPO_DIR = str(Path(TESTS_DIR).parent)
+for _folder in (REPO_DIR, TESTS_DIR):
+    if _folder not in sys.path:
+        sys.path.insert(0, _folder)
 
 from waiting import wait_until  # noqa: E402
 

@@ -3,11 +3,8 @@ per model, the shifting-popularity workload, and the direction of the cluster co
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pytest
-from repo_paths import REPO_ROOT
 
 from placement.alpaserve.dispatch import ShortestQueueDispatch
 from placement.alpaserve.paper_profiles import GB
@@ -197,7 +194,6 @@ def test_workload_is_deterministic_by_seed_and_slo_scaled():
 def test_cluster_case_direction_on_a_small_instance():
     """On a small mix (2 x 3 Table 1 models, 8 devices, bursty traffic), plexserve's placement holds 99 % SLO
     attainment to a higher rate than Serve's multiplexing and one deployment per model, and no lower than SR."""
-    sys.path.insert(0, str(REPO_ROOT))
     from benchmarks.many_models import CaseSettings, run_sweep
 
     settings = CaseSettings(architectures=("bert-1.3b", "bert-2.7b", "moe-1.3b"), instances=2, num_devices=8,

@@ -6,14 +6,10 @@ OTAS on the committed measured profile (graded by its profiled accuracy)."""
 from __future__ import annotations
 
 import logging
-import sys
 
 import pytest
-from repo_paths import REPO_ROOT
 
-sys.path.insert(0, str(REPO_ROOT))
-
-from benchmarks import paper_claims as pc  # noqa: E402
+from benchmarks import paper_claims as pc
 
 #: A small Arlo case: 10 devices at about half ST's capacity (the benchmark: 90 devices at ST's 90 %-SLO load).
 ARLO_DEVICES, ARLO_RATE_PER_S, ARLO_DURATION_S, ARLO_PERIOD_S = 10, 900.0, 6.0, 3.0
