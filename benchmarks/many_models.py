@@ -11,8 +11,8 @@ Ray of its own, behind Serve's HAProxy ingress (`make serve`'s mode), under the 
 on the same trace for plexserve's placement and for one model per device. Then the simulated cluster case below,
 with multiplexing's swaps at the load rate the multiplexed replicas measured live. Final JSON line:
 `rate_at_99_vs_serve_deployments`, `rate_at_99_vs_serve_multiplexed`, `attainment_gain_min`,
-`sim_live_abs_gap_max`, `lost_accepted`, `recovery_s` (medians over `--median-of` runs), the cluster case's
-`sim_rate_at_99_vs_multiplexed` and `sim_rate_at_99_vs_sr`; PNG: docs/assets/many_models.png.
+`sim_live_abs_gap_max`, plexserve's `lost_accepted` and `recovery_s` (medians over `--median-of` runs), the cluster
+case's `sim_rate_at_99_vs_multiplexed` and `sim_rate_at_99_vs_sr`; PNG: docs/assets/many_models.png.
 
     python -m benchmarks.many_models --quick                 # at most 12 minutes
     python -m benchmarks.many_models --median-of 3           # the figures as medians of three runs

@@ -518,7 +518,8 @@ model per device (one Serve deployment per model, `placement/alpaserve/serve_bas
 (plexserve: a stage actor of its busiest group, by its pid from `GET /v1/placement`; Serve: a model replica,
 `ray.kill` on the replica actor found through Ray's state API). `lost_accepted` counts requests neither answered nor
 refused, beyond those in flight for the killed replica's models at the kill; `recovery_s` is the time from the kill
-to the last request of those models that missed its SLO.
+to the last request of those models that missed its SLO. The headline `lost_accepted` and `recovery_s` are
+plexserve's; the table gives every system's.
 
 **Cluster scale, in the simulator**: AlpaServe Table 1's six models, eight instances each (48 models) on 64 devices
 of 14 GB, the same kind of traffic; multiplexing is simulated with LRU swaps at the load rate (bytes per second) the

@@ -205,4 +205,7 @@ def test_combine_compares_rates_at_99_and_attainment_across_systems(case):
     assert got["rate_at_99_vs_serve_deployments"] == pytest.approx(1.44)
     assert got["rate_at_99_vs_serve_multiplexed"] is None  # no rate at 99 % to divide by
     assert got["attainment_gain_min"] == pytest.approx(0.0)  # at 4 req/s plexserve ties the better Serve setup
-    assert got["lost_accepted"] == 2 and got["recovery_s"] is None  # one system did not recover in its phase
+    # The headline fault figures are plexserve's own; every system's stay beside them.
+    assert got["lost_accepted"] == 0 and got["recovery_s"] == pytest.approx(1.0)
+    assert got["faults"]["serve_deployments"]["lost_accepted"] == 2
+    assert got["faults"]["serve_multiplexed"]["recovery_s"] is None
