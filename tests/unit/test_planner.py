@@ -135,6 +135,23 @@ def test_steady_unskewed_traffic_gets_one_model_per_device(rate, cv):
     assert ours.predicted_slo_attainment >= simulate(serve, profiles, workload).slo_attainment()
 
 
+def test_steady_traffic_on_half_full_devices_gets_at_least_serves_layout():
+    """Poisson traffic at equal rates, four 5.4 GB models on 13 GB devices (each fits every device, two at a
+    time). Alg. 1's greedy on single devices (SR) ends below Serve's replicas-in-proportion-to-load layout on this
+    trace; the planner scores that layout as a candidate of Alg. 2 (§4.2), so it returns single-device groups that
+    serve at least as much as Serve's layout, and more than SR."""
+    names, profiles, workload = case({"bert-2.7b": 4}, 14.0, 1.0, duration_s=60.0, popularity_exponent=None)
+    ours = plan(names, profiles, workload, 4, BUDGET)
+    sr = selective_replication(names, profiles, workload, 4, BUDGET)
+    serve = simulate(serve_deployments_placement(names, profiles, workload, 4, BUDGET), profiles, workload)
+    assert_feasible(ours, profiles, 4, BUDGET)
+    assert all(group.num_devices == 1 for group in ours.groups)
+    assert ours.predicted_slo_attainment >= serve.slo_attainment()
+    assert ours.predicted_slo_attainment > sr.predicted_slo_attainment
+    assert simulate(ours, profiles, workload).slo_attainment() == pytest.approx(ours.predicted_slo_attainment)
+    assert not PlannerConfig.paper().load_proportional_candidate
+
+
 def test_beam_search_and_fast_variant():
     names, profiles, workload = case({"bert-1.3b": 3}, 8.0, 3.0, duration_s=60.0)
     beam = plan(names, profiles, workload, 2, 6 * GB, PlannerConfig(fast=False, beam_size=2, max_group_devices=2))
