@@ -544,7 +544,12 @@ traffic with CV below 3, a sweep on which a system never holds 99 %) ends with a
   unskewed traffic and room in memory for the busy models' extra replicas, it needs no planner: each model's
   replicas batch its own requests, and there is nothing to move. Its costs are bursts (no admission: a burst queues
   behind running batches and the requests after it miss their SLOs) and shifts (autoscaling adds a replica only
-  after its delay, and only where memory is left; a device stays reserved by a model that went cold).
+  after its delay, and only where memory is left; a device stays reserved by a model that went cold). In that
+  steady, unskewed regime the planner itself picks this layout: single-device groups, each model's replicas where
+  its traffic is, since model parallelism pays off only against bursts (AlpaServe §3). Serve's layout, replicas in
+  proportion to each model's offered load, is one of the candidates the planner scores, so it returns no less
+  than that layout predicts on the planning trace (`test_steady_unskewed_traffic_gets_one_model_per_device` and
+  `test_steady_traffic_on_half_full_devices_gets_at_least_serves_layout` in tests/unit/test_planner.py).
 - **Multiplexing** fits more models than the devices hold at once, at the price of a load from disk on a miss. It
   suits many rarely used models with loose SLOs, where a load is rare and fits within the SLO; with tight SLOs and a
   shifting hot set every miss costs a load of seconds.

@@ -30,8 +30,10 @@ DEFAULT_CLOCKWORK_WINDOW_S = 120.0
 
 def selective_replication(model_names: Sequence[str], profiles: ProfileSet, workload: Workload, num_devices: int,
                           device_memory_bytes: int, config: PlannerConfig | None = None) -> Placement:
-    """SR: the AlpaServe planner restricted to single-device groups running whole models."""
-    config = replace(config or PlannerConfig(), allow_model_parallelism=False, name="selective_replication")
+    """SR: the AlpaServe planner restricted to single-device groups running whole models, their replicas chosen
+    by Alg. 1 alone (without the planner's load-proportional candidate, which is Serve's layout, not SR's)."""
+    config = replace(config or PlannerConfig(), allow_model_parallelism=False, load_proportional_candidate=False,
+                     name="selective_replication")
     return plan(model_names, profiles, workload, num_devices, device_memory_bytes, config)
 
 

@@ -22,7 +22,11 @@ Beyond the paper (each a `PlannerConfig` field; issue 15 measured why, see bench
 * where the case is small enough (`lookahead_budget_requests`), the fast variant simulates a few models per round
   (`lookahead`) and a budgeted local search follows it (`refine_simulations`): close to beam search's
   attainment at a fraction of its simulations;
-* a warm start: `plan(..., warm_start=running)` also scores the running placement and its groups re-selected.
+* a warm start: `plan(..., warm_start=running)` also scores the running placement and its groups re-selected;
+* Serve's one-deployment-per-model layout is a candidate too (`load_proportional_candidate`): single-device groups,
+  each model with replicas in proportion to its offered load (rate x latency) while memory lasts. On steady,
+  unskewed traffic Alg. 1's greedy, one replica at a time, can end below this layout; with it among the
+  candidates the search returns no less than it.
 
 `PlannerConfig.paper()` is the paper's search (Alg. 1 greedy, every divisor group size x profiled configuration
 planned in full, ranked by planning attainment); `PlannerConfig()`, the project default, is the improved search
@@ -42,6 +46,7 @@ from typing import Sequence
 
 import numpy as np
 
+from placement.alpaserve.serve_baselines import proportional_deployments
 from placement.alpaserve.simulator import LatencyCache, SimulatorConfig, simulate_groups
 from placement.core.placement_plan import GroupPlacement, Placement, SearchStats
 from placement.core.profiles import ParallelConfig, ProfileSet
@@ -138,6 +143,7 @@ class PlannerConfig:
     fill_memory: bool = True  # fast variant: keep adding replicas once every request is served (ties: fuller wins)
     stress_factors: tuple[float, ...] = DEFAULT_STRESS_FACTORS  # ranking tie-break replays; () = the paper's ranking
     tie_tolerance: float = DEFAULT_TIE_TOLERANCE  # attainment gap below which the stress replays decide
+    load_proportional_candidate: bool = True  # Alg. 2: also single-device replicas in proportion to offered load
     simulator: SimulatorConfig = field(default_factory=SimulatorConfig)
     name: str = "alpaserve"
 
@@ -154,13 +160,13 @@ class PlannerConfig:
         benchmarks/paper_claims.py: the fast variant with a look-ahead and a local search (`lookahead`,
         `refine_simulations`), memory filled once every planning request is served (`fill_memory`), power-of-two
         group sizes plus two-size partitions (`uneven_partitions`), cheap screening of candidates
-        (`screen_keep`, `combos_keep`), the all-in-one-bucket candidate and stress replays that break ties
-        (`stress_factors`)."""
+        (`screen_keep`, `combos_keep`), the all-in-one-bucket and load-proportional candidates and stress replays
+        that break ties (`stress_factors`)."""
         settings = dict(beam_size=1, fast=fast, replicas_per_round=1, fast_rank="unserved",
                         max_group_devices=PAPER_MAX_GROUP_DEVICES, group_sizes=None, group_size_rule="divisors",
                         max_device_splits=PAPER_MAX_DEVICE_SPLITS, screen_keep=0, uneven_partitions=False,
                         one_bucket_candidate=False, refine_simulations=0, lookahead=0, fill_memory=False,
-                        stress_factors=(), name="alpaserve-paper")
+                        stress_factors=(), load_proportional_candidate=False, name="alpaserve-paper")
         settings.update(overrides)
         return cls(**settings)
 
@@ -751,6 +757,10 @@ def plan(model_names: Sequence[str], profiles: ProfileSet, workload: Workload, n
     best: _Scored | None = None
     if warm_start is not None:
         best = _warm_candidates(problem, names, warm_start, num_devices)
+    if config.load_proportional_candidate:
+        proportional = _load_proportional_candidate(problem, names, num_devices)
+        if proportional is not None and proportional.better_than(best, config.tie_tolerance):
+            best = proportional
     bucket_options = model_buckets(profiles, names, config.bucket_latency_ratio, config.max_buckets,
                                    config.bucket_gap_ratio)
     logger.info("%s: %d models, %d devices, %d model-bucket options", config.name, len(names), num_devices,
@@ -823,6 +833,31 @@ def _warm_candidates(problem: _Problem, names: Sequence[str], running: Placement
     reselected = _score(problem, greedy_selection(problem, names, groups, workload), workload, stressed)
     problem.stats.candidates += 2
     return reselected if reselected.better_than(best, problem.config.tie_tolerance) else best
+
+
+def _load_proportional_candidate(problem: _Problem, names: Sequence[str], num_devices: int) -> _Scored | None:
+    """Serve's one-deployment-per-model layout as a candidate of Alg. 2 (beyond the paper): single-device groups,
+    replicas in proportion to offered load (:func:`placement.alpaserve.serve_baselines.proportional_deployments`),
+    scored like every candidate. None where some model has no single-device profile or fits on no device."""
+    single = ParallelConfig()
+    if not names or any(not problem.profiles.models[n].has(single) for n in names):
+        return None
+    rate = dict(zip(problem.workload.model_names, problem.workload.rates()))
+    try:
+        layout = proportional_deployments(names, problem.profiles, [rate.get(n, 0.0) for n in names], num_devices,
+                                          problem.device_memory_bytes)
+    except ValueError:
+        return None
+    hosted: list[list[str]] = [[] for _ in range(num_devices)]
+    for deployment in layout.deployments:
+        for device in deployment.replica_devices:
+            hosted[device] += deployment.models
+    memory = [[sum(_stage_weights(problem, n, single)[0] for n in models)] for models in hosted]
+    selection = _Selection([(1, single)] * num_devices, hosted, memory)
+    workload = problem.workload
+    _evaluate(problem, selection, workload)
+    problem.stats.candidates += 1
+    return _score(problem, selection, workload, _stress_set(problem, workload))
 
 
 def _stress_set(problem: _Problem, workload: Workload) -> list[Workload]:

@@ -15,6 +15,7 @@ from placement.alpaserve.planner import (
     select_models,
     uneven_partitions,
 )
+from placement.alpaserve.serve_baselines import proportional_deployments
 from placement.alpaserve.simulator import simulate
 from placement.core.placement_plan import GroupPlacement, Placement
 from placement.core.profiles import ParallelConfig
@@ -23,12 +24,13 @@ from placement.core.workload import gamma_workload
 BUDGET = 13 * GB
 
 
-def case(counts, total_rate, cv, duration_s=120.0, slo_scale=5.0, seed=0):
+def case(counts, total_rate, cv, duration_s=120.0, slo_scale=5.0, seed=0, popularity_exponent=0.5):
+    """Copies of Table 1's models under Gamma traffic; `popularity_exponent` None gives every model the same rate."""
     model_set = replicate_profiles(table1_profiles(), counts)
     names = sorted(model_set.profiles.models)
     latency = [model_set.profiles.models[n].single_device_latency() for n in names]
     workload = gamma_workload(names, total_rate, cv, [slo_scale * lat for lat in latency], duration_s,
-                              popularity_exponent=0.5, seed=seed)
+                              popularity_exponent=popularity_exponent, seed=seed)
     return names, model_set.profiles, workload
 
 
@@ -100,6 +102,54 @@ def test_model_parallelism_wins_when_models_barely_fit():
     assert_feasible(ours, profiles, 2, budget)
     assert any(group.num_devices == 2 and set(group.models) == set(names) for group in ours.groups)
     assert ours.predicted_slo_attainment > sr.predicted_slo_attainment
+
+
+def serve_deployments_placement(names, profiles, workload, num_devices: int, budget: int) -> Placement:
+    """Serve's one-deployment-per-model layout (replicas in proportion to offered load) as single-device groups,
+    so AlpaServe's simulator scores it on the same trace as the planner's placement."""
+    rate = dict(zip(workload.model_names, workload.rates()))
+    layout = proportional_deployments(names, profiles, [rate[n] for n in names], num_devices, budget)
+    hosted = [[] for _ in range(num_devices)]
+    for deployment in layout.deployments:
+        for device in deployment.replica_devices:
+            hosted[device] += deployment.models
+    return Placement(groups=[GroupPlacement(num_devices=1, config=ParallelConfig(), models=m) for m in hosted if m])
+
+
+@pytest.mark.parametrize("rate,cv", [(25.0, 1.0), (30.0, 0.5)])
+def test_steady_unskewed_traffic_gets_one_model_per_device(rate, cv):
+    """Where Serve's one deployment per model is built for: steady (Poisson or smoother) traffic, every model at
+    the same rate, and memory for every model on every device (four 2.6 GB models on 13 GB devices). Model
+    parallelism buys nothing without bursts (AlpaServe §3.1-§3.2), so Alg. 2's search (§4.2) keeps single-device
+    groups, each model replicated where its traffic is, and serves at least as much of the trace as Selective
+    Replication and as Serve's replicas-in-proportion-to-load layout. The contrast, bursty traffic on models that
+    barely fit, is :func:`test_model_parallelism_wins_when_models_barely_fit`."""
+    names, profiles, workload = case({"bert-1.3b": 4}, rate, cv, duration_s=60.0, popularity_exponent=None)
+    ours = plan(names, profiles, workload, 4, BUDGET)
+    sr = selective_replication(names, profiles, workload, 4, BUDGET)
+    serve = serve_deployments_placement(names, profiles, workload, 4, BUDGET)
+    assert_feasible(ours, profiles, 4, BUDGET)
+    assert all(group.num_devices == 1 and group.config == ParallelConfig() for group in ours.groups)
+    assert {n for group in ours.groups for n in group.models} == set(names)
+    assert ours.predicted_slo_attainment >= sr.predicted_slo_attainment
+    assert ours.predicted_slo_attainment >= simulate(serve, profiles, workload).slo_attainment()
+
+
+def test_steady_traffic_on_half_full_devices_gets_at_least_serves_layout():
+    """Poisson traffic at equal rates, four 5.4 GB models on 13 GB devices (each fits every device, two at a
+    time). Alg. 1's greedy on single devices (SR) ends below Serve's replicas-in-proportion-to-load layout on this
+    trace; the planner scores that layout as a candidate of Alg. 2 (§4.2), so it returns single-device groups that
+    serve at least as much as Serve's layout, and more than SR."""
+    names, profiles, workload = case({"bert-2.7b": 4}, 14.0, 1.0, duration_s=60.0, popularity_exponent=None)
+    ours = plan(names, profiles, workload, 4, BUDGET)
+    sr = selective_replication(names, profiles, workload, 4, BUDGET)
+    serve = simulate(serve_deployments_placement(names, profiles, workload, 4, BUDGET), profiles, workload)
+    assert_feasible(ours, profiles, 4, BUDGET)
+    assert all(group.num_devices == 1 for group in ours.groups)
+    assert ours.predicted_slo_attainment >= serve.slo_attainment()
+    assert ours.predicted_slo_attainment > sr.predicted_slo_attainment
+    assert simulate(ours, profiles, workload).slo_attainment() == pytest.approx(ours.predicted_slo_attainment)
+    assert not PlannerConfig.paper().load_proportional_candidate
 
 
 def test_beam_search_and_fast_variant():
