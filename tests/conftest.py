@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -34,9 +33,10 @@ TEST_NUM_DEVICES = 4
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free loopback port that is none of Ray's default ports (a `ray.init` port must not clash with them)."""
+    from rayserve_apps.control.live_update import free_port as free_loopback_port
+
+    return free_loopback_port("127.0.0.1")
 
 
 def _local_ray_serve(env: dict[str, str]):

@@ -101,13 +101,26 @@ def dashboard_url(explicit: str | None = None) -> str:
     return url if "://" in url else f"http://{url}"
 
 
+#: The ports a local Ray and Serve take by default (GCS, Serve's HTTP proxy, dashboard, Ray Client, the dashboard
+#: agent's HTTP server): a port handed to `ray.init` must not be one of them, or Ray refuses to start.
+RAY_DEFAULT_PORTS = frozenset({6379, 8000, 8265, 10001, 52365})
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port of `host` that is free now and none of `RAY_DEFAULT_PORTS`."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+        if port not in RAY_DEFAULT_PORTS:
+            return port
+
+
 def local_dashboard_options(host: str = "127.0.0.1") -> dict[str, Any]:
     """`ray.init` options for a local Ray whose dashboard (and so Serve's REST API) listens on a free port of
     `host`; sets RAY_DASHBOARD_ADDRESS in this process's environment, which the Ray processes it starts inherit, so
     that `dashboard_url()` finds it here and in the replicas."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        port = sock.getsockname()[1]
+    port = free_port(host)
     os.environ[DASHBOARD_ENV] = f"http://{host}:{port}"
     return {"include_dashboard": True, "dashboard_host": host, "dashboard_port": port}
 

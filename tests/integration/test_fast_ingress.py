@@ -227,17 +227,14 @@ def port_is_free(port: int) -> bool:
 
 def haproxies_of(launcher_pid: int) -> list[int]:
     """HAProxy processes started by the run of the launcher `launcher_pid` (their environment carries its marker)."""
-    prefix = f"{RUN_MARKER_ENV}={launcher_pid}-".encode()
     found = []
-    for entry in Path("/proc").glob("[0-9]*"):
+    for pid in marked_processes_of(launcher_pid):
         try:
-            command = (entry / "cmdline").read_bytes().split(b"\0")
-            environ = (entry / "environ").read_bytes().split(b"\0")
+            program = (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")[0]
         except OSError:
             continue
-        if (Path(command[0].decode(errors="replace")).name == "haproxy" and any(v.startswith(prefix) for v in environ)
-                and running(int(entry.name))):
-            found.append(int(entry.name))
+        if Path(program.decode(errors="replace")).name == "haproxy":
+            found.append(pid)
     return found
 
 
