@@ -4,6 +4,7 @@ leaves nothing behind. (The mode end to end: tests/integration/test_local_config
 
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -14,7 +15,6 @@ from pathlib import Path
 import pytest
 import requests
 import yaml
-from conftest import free_port
 from repo_paths import REPO_ROOT
 from waiting import wait_until
 
@@ -258,6 +258,22 @@ def child_of(parent_pid: int) -> int | None:
     return int(children[0]) if children else None
 
 
+#: Ports that neither the kernel hands out as ephemeral (32768 and up) nor Ray gives its workers (10002-19999): a
+#: port drawn here and bound later by HAProxy is not taken meanwhile by a process of the Ray that starts first.
+QUIET_PORTS = range(20000, 32768)
+
+
+def quiet_ports(count: int) -> list[int]:
+    """`count` distinct free ports of `QUIET_PORTS`."""
+    chosen: list[int] = []
+    for port in random.sample(QUIET_PORTS, len(QUIET_PORTS)):
+        if port_is_free(port):
+            chosen.append(port)
+            if len(chosen) == count:
+                return chosen
+    raise RuntimeError(f"fewer than {count} free ports in {QUIET_PORTS}")
+
+
 def running(pid: int) -> bool:
     """Whether `pid` is a live process (a zombie nobody reaps counts as ended)."""
     try:
@@ -276,8 +292,9 @@ def test_sigterm_to_the_process_group_of_make_serve_leaves_no_haproxy_and_the_po
     if not port_is_free(port):
         pytest.fail(f"port {port} is taken before the test starts; stop what holds it or set PLEXSERVE_STOP_TEST_PORT")
     config = small_local_config(tmp_path / "local.yaml", port)
-    env = {**os.environ, "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
-           "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port())}
+    stats_port, metrics_port = quiet_ports(2)
+    env = {**os.environ, "RAY_SERVE_HAPROXY_STATS_PORT": str(stats_port),
+           "RAY_SERVE_HAPROXY_METRICS_PORT": str(metrics_port)}
     launch = [sys.executable, "-m", "rayserve_apps.fast_ingress", str(config)]
     parent = f"import subprocess, sys; sys.exit(subprocess.call({launch!r}))"
     with open(tmp_path / "serve.log", "wb") as log:
