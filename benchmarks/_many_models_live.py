@@ -348,10 +348,11 @@ class SessionSettings:
 def session_env() -> dict[str, str]:
     """The session process's environment: plexserve's serving mode (Serve's HAProxy ingress, every listener on
     127.0.0.1, free ports for HAProxy's stats and metrics)."""
+    from rayserve_apps.control.live_update import free_port
     from rayserve_apps.fast_ingress import local_env
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_SERVE_")}
-    env.update(local_env(stats_port=_free_port(), metrics_port=_free_port()))
+    env.update(local_env(stats_port=free_port(), metrics_port=free_port()))
     env.update({"RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                 "RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false"})
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
@@ -372,14 +373,6 @@ def run_system(settings: SessionSettings, out: Path, timeout_s: float) -> dict:
         raise RuntimeError(f"the {settings.system} session failed (exit {error.returncode}); its log is above") \
             from None
     return json.loads(out.read_text())
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def application(system: str, case: LiveCase, load_log: str) -> dict:
@@ -447,14 +440,14 @@ def session_main(settings: SessionSettings, out: Path) -> None:
     import ray
     from ray import serve
 
-    from rayserve_apps.control.live_update import apply_config, local_dashboard_options
+    from rayserve_apps.control.live_update import apply_config, free_port, local_dashboard_options
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     case = load_case(Path(settings.spec_path))
     resources = {MEMORY_RESOURCE: float(case.num_devices * case.device_memory_bytes)}
     ray.init(address="local", num_cpus=RAY_NUM_CPUS, resources=resources, log_to_driver=False,
              **local_dashboard_options())
-    port = _free_port()
+    port = free_port()
     http_options = {"host": "127.0.0.1", "port": port}
     base = f"http://127.0.0.1:{port}"
     load_log = str(out) + ".loads"

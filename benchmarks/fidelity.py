@@ -859,11 +859,10 @@ async def steady_replacement(handle, controller, capacity_per_s: float, seed: in
 
 
 def free_port() -> int:
-    import socket
+    """A free loopback port that is none of Ray's default ports."""
+    from rayserve_apps.control.live_update import free_port as free_loopback_port
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_loopback_port("127.0.0.1")
 
 
 async def controller_trace(handle, controller, profile_sets: dict, transition, simulated: SimulatorConfig, slo_s: float,

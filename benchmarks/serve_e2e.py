@@ -353,11 +353,10 @@ def _error_type(body: bytes) -> str:
 
 
 def free_port() -> int:
-    import socket
+    """A free loopback port that is none of Ray's default ports."""
+    from rayserve_apps.control.live_update import free_port as free_loopback_port
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_loopback_port("127.0.0.1")
 
 
 # ---- in-process compute bound ----
