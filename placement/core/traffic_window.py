@@ -147,32 +147,56 @@ class RateShift:
     before_per_s: float
     after_per_s: float
     z: float  # standardised difference of the two counts
+    dispersion: float = 1.0  # the counts' index of dispersion the test assumed (`count_dispersion`)
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
+#: Inter-arrival gaps a window needs before its squared CV counts towards the dispersion of `detect_rate_shifts`.
+MIN_GAPS_FOR_DISPERSION = 4
+
+
+def count_dispersion(arrival_s: Sequence[np.ndarray]) -> float:
+    """The index of dispersion of request counts (count variance over count mean) that arrival times in separate
+    windows imply, at least 1 (Poisson's): the mean squared CV of the inter-arrival gaps within each window that holds
+    at least MIN_GAPS_FOR_DISPERSION gaps. For a renewal process the count variance over a window holding many
+    arrivals tends to CV^2 times the count mean (the renewal central limit theorem), so Gamma arrivals with CV 3
+    (AlpaServe §3.1's bursty traffic) spread their counts nine times as widely as Poisson's. Gaps are measured
+    within each window, so a rate that changes between the windows does not inflate the estimate."""
+    squared_cvs = []
+    for times in arrival_s:
+        gaps = np.diff(np.sort(np.asarray(times, dtype=float)))
+        if len(gaps) >= MIN_GAPS_FOR_DISPERSION and gaps.mean() > 0:
+            squared_cvs.append(float(gaps.var() / gaps.mean() ** 2))
+    return max(1.0, float(np.mean(squared_cvs))) if squared_cvs else 1.0
+
+
 def detect_rate_shifts(window: TrafficWindow, now_s: float, model_names: Sequence[str], window_s: float,
                        z_threshold: float, min_ratio: float, min_requests: int) -> list[RateShift]:
     """Two-window rate test (a plexserve addition to react within a period): per model, the request counts n1 in
-    [now - 2w, now - w) and n2 in [now - w, now). Under an unchanged Poisson rate, (n2 - n1) / sqrt(n1 + n2) is about
-    standard normal; a shift is |z| >= z_threshold with a rate ratio of at least `min_ratio` and n1 + n2 >=
-    `min_requests` (a count test on too few requests is noise)."""
+    [now - 2w, now - w) and n2 in [now - w, now). Under an unchanged rate, (n2 - n1) / sqrt(D (n1 + n2)) is about
+    standard normal, D the counts' index of dispersion (`count_dispersion`: 1 for Poisson arrivals, about CV^2 for
+    bursty ones, estimated from the gaps within each window); a shift is |z| >= z_threshold with a rate ratio of at
+    least `min_ratio` and n1 + n2 >= `min_requests` (a count test on too few requests is noise). Without D, every
+    burst of Gamma traffic with CV 3 would pass for a shift and trigger a decision that changes nothing."""
     if window_s <= 0 or 2 * window_s > window.window_s:
         raise ValueError(f"window_s={window_s}: must be > 0 and two windows must fit the traffic window "
                          f"({window.window_s} s)")
-    counts = {name: [0, 0] for name in model_names}
+    arrivals: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in model_names}
     for record in window.recent(now_s, 2 * window_s):
-        if record.model in counts:
-            counts[record.model][int(record.arrival_s >= now_s - window_s)] += 1
+        if record.model in arrivals:
+            arrivals[record.model][int(record.arrival_s >= now_s - window_s)].append(record.arrival_s)
     shifts = []
-    for name, (n1, n2) in counts.items():
+    for name, (before, after) in arrivals.items():
+        n1, n2 = len(before), len(after)
         if n1 + n2 < min_requests:
             continue
-        z = (n2 - n1) / np.sqrt(n1 + n2)
+        dispersion = count_dispersion([np.asarray(before), np.asarray(after)])
+        z = (n2 - n1) / np.sqrt(dispersion * (n1 + n2))
         ratio = max(n1, n2) / max(min(n1, n2), 1)
         if abs(z) >= z_threshold and ratio >= min_ratio:
-            shifts.append(RateShift(name, n1 / window_s, n2 / window_s, float(z)))
+            shifts.append(RateShift(name, n1 / window_s, n2 / window_s, float(z), dispersion))
     return shifts
 
 

@@ -56,10 +56,13 @@ Serve and a move becomes a recommendation: the deployed config with the move's f
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import yaml
@@ -131,6 +134,28 @@ def layout_from_overrides(spec: DeploymentSpec, overrides: list[dict[str, Any]],
     return SlotLayout(slots=slots), versions, int(ingress.get("placement_version", 0)), ingress.get("routes", [])
 
 
+#: Nice increment of the controller's planning thread (the simulations that judge candidate placements) over the
+#: replica's own (Ray starts its workers at nice 15, so planning runs at 19, the lowest): the serving processes on
+#: the same cores keep precedence, so a decision takes less of a core from the requests in flight; when the cores
+#: are saturated the decision takes longer instead.
+PLANNING_NICE_INCREMENT = 4
+
+
+def _lower_thread_priority() -> None:
+    """Initializer of the planning thread: Linux nice values are per thread (`setpriority` on the thread's id)."""
+    thread = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, thread,
+                       min(19, os.getpriority(os.PRIO_PROCESS, thread) + PLANNING_NICE_INCREMENT))
+    except OSError as error:
+        logger.warning("placement controller: planning runs at the replica's priority (%s)", error)
+
+
+def planning_executor() -> ThreadPoolExecutor:
+    """The one thread the controller plans on, PLANNING_NICE_INCREMENT nicer than the replica."""
+    return ThreadPoolExecutor(1, thread_name_prefix="plexserve-planning", initializer=_lower_thread_priority)
+
+
 @serve.deployment
 class PlacementController:
     """Keeps the running placement matched to the traffic (see the module doc)."""
@@ -144,6 +169,7 @@ class PlacementController:
                              "model with policies.polymorphing")
         self.settings = self.spec.controller
         self.app_name = app_name
+        self._planning = planning_executor()
         #: True: moves are only recommended (`controller.mode: recommend`), never applied.
         self.recommend_only = self.settings.mode == "recommend"
         #: The last recommendation (recommend mode): the Serve config, its placement version, why and when.
@@ -366,6 +392,10 @@ class PlacementController:
         """Seconds of each of the shift test's two windows (at most half a period)."""
         return min(self.settings.shift_window_s, self.settings.period_s / 2)
 
+    async def _planned(self, fn, *args):
+        """`fn(*args)` on the planning thread (at low CPU priority), awaited without blocking the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._planning, functools.partial(fn, *args))
+
     async def _decide_and_apply(self, shifts: list[dict[str, Any]] | None = None, fit_window_s: float | None = None,
                                 look: bool = False) -> dict[str, Any]:
         """One group decision on the window just past; after a rate shift (`shifts`), the candidates are judged on
@@ -387,7 +417,7 @@ class PlacementController:
         # candidates are judged.
         loading = await self._refit_loading_slowdown(now)
         calibration = await self._recalibrate(now)
-        decision = await asyncio.to_thread(self.policy.decide, current, traffic, fit_window_s)
+        decision = await self._planned(self.policy.decide, current, traffic, fit_window_s)
         entry: dict[str, Any] = {"observed": observed, "reason": decision.reason, "chosen": decision.chosen,
                                  "in_sample_choice": decision.in_sample_choice, "horizon_s": decision.horizon_s,
                                  "predicted_gain": decision.predicted_gain, "planning_s": decision.planning_s,
@@ -433,7 +463,7 @@ class PlacementController:
         settle_s = self._settle_s()
         traffic = self.traffic.observed(now, self.models, self.slo_s, settle_s=settle_s, since_s=since_s,
                                         window_s=self.calibration_window_s)
-        calibration = await asyncio.to_thread(self.policy.calibrate, self.layout.placement(), traffic, settle_s)
+        calibration = await self._planned(self.policy.calibrate, self.layout.placement(), traffic, settle_s)
         if calibration is not None and self.paused:
             logger.info("placement controller (paused): service-time factor x%.3f", self.policy.service_scale)
         return calibration
@@ -460,7 +490,7 @@ class PlacementController:
             return None
         traffic = self.traffic.observed(now, self.models, self.slo_s, settle_s=now - rollout.end_s,
                                         since_s=rollout.start_s, window_s=self.calibration_window_s)
-        loading = await asyncio.to_thread(self.policy.calibrate_transition, rollout, traffic)
+        loading = await self._planned(self.policy.calibrate_transition, rollout, traffic)
         if loading is not None:
             logger.info("placement controller: loading slowdown x%.2f fitted on %d requests of the last %d "
                         "rollouts, x%.2f in force", loading.slowdown, loading.requests, loading.rollouts,

@@ -118,3 +118,59 @@ def test_two_window_rate_test_flags_a_shift_and_not_steady_poisson_traffic():
     assert detect_rate_shifts(window, 20.0, ["a"], 10.0, 4.0, 1.5, min_requests=1000) == []
     with pytest.raises(ValueError, match="window_s"):
         detect_rate_shifts(window, 20.0, ["a"], 15.0, 4.0, 1.5, 20)
+
+
+def test_the_rate_test_allows_for_bursty_arrivals_and_still_flags_a_shift_in_them():
+    """Gamma arrivals with CV 3 at an unchanged rate spread their counts about nine times as widely as Poisson's:
+    a test that assumes Poisson counts takes their bursts for shifts, the test with the gaps' dispersion does not;
+    an eighteenfold change of the same bursty traffic is still flagged."""
+    from placement.core.traffic_window import RequestRecord, TrafficWindow, count_dispersion, detect_rate_shifts
+
+    rng = np.random.default_rng(1)
+
+    def gamma_arrivals(rate: float, start: float, end: float, cv: float = 3.0) -> list[float]:
+        shape = 1.0 / cv**2
+        gaps = rng.gamma(shape, 1.0 / (rate * shape), size=int(4 * rate * (end - start)) + 50)
+        return [float(t) for t in start + np.cumsum(gaps) if t < end]
+
+    def shifts_in(arrivals: list[float], now_s: float, window_s: float) -> list:
+        window = TrafficWindow(window_s=2 * window_s)
+        window.add(RequestRecord("m", t, "ok") for t in arrivals if t < now_s)
+        return detect_rate_shifts(window, now_s, ["m"], window_s=window_s, z_threshold=4.0, min_ratio=1.5,
+                                  min_requests=20)
+
+    false_alarms = poisson_alarms = 0
+    for _ in range(60):
+        arrivals = gamma_arrivals(6.0, 0.0, 10.0)
+        n1, n2 = sum(t < 5.0 for t in arrivals), len(arrivals) - sum(t < 5.0 for t in arrivals)
+        ratio = max(n1, n2) / max(min(n1, n2), 1)
+        poisson_alarms += n1 + n2 >= 20 and ratio >= 1.5 and abs(n2 - n1) / np.sqrt(n1 + n2) >= 4.0
+        false_alarms += bool(shifts_in(arrivals, 10.0, 5.0))
+    assert poisson_alarms >= 5 and false_alarms <= poisson_alarms / 4
+    shifts = shifts_in(gamma_arrivals(2.0, 0.0, 10.0) + gamma_arrivals(36.0, 10.0, 20.0), 20.0, 10.0)
+    assert [s.model for s in shifts] == ["m"] and shifts[0].dispersion > 2.0
+    # Periodic (under-dispersed) arrivals keep Poisson's dispersion as the floor.
+    assert count_dispersion([np.arange(0, 5, 0.5), np.arange(5, 10, 0.1)]) == 1.0
+
+
+def test_the_controller_plans_on_one_thread_at_low_cpu_priority():
+    """The simulations that judge candidate placements run on a thread PLANNING_NICE_INCREMENT nicer than the
+    replica (never less nice: Ray's workers start at 15 and a root process could otherwise raise them), so that on
+    cores shared with the replicas a decision yields to the requests in flight; the calling thread keeps its own
+    priority."""
+    import os
+    import threading
+
+    from rayserve_apps.control.controller import PLANNING_NICE_INCREMENT, planning_executor
+
+    def nice_and_thread() -> tuple[int, int]:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id()), threading.get_native_id()
+
+    own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    executor = planning_executor()
+    try:
+        first, second = executor.submit(nice_and_thread).result(), executor.submit(nice_and_thread).result()
+    finally:
+        executor.shutdown()
+    assert first[0] == min(19, own + PLANNING_NICE_INCREMENT) and first[1] == second[1] != threading.get_native_id()
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own
