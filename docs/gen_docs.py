@@ -562,6 +562,13 @@ Serve deployment's replica runs its model in its own process, while a plexserve 
 (SLO admission, TCB packing) and runs it in the model's stage actor, one more process per request. On a machine
 whose devices are shares of the same few CPU cores, that hop competes with the models for the cores, which the
 simulator (its prediction is beside each live point) does not model.
+
+What this machine cannot show is AlpaServe's own gain. Its devices are logical shares of two CPU cores, and a
+model's replica computes on whichever core is idle: one Serve deployment per model already pools the machine's
+compute across models, which is what model parallelism buys on GPUs, where a model on one GPU cannot borrow
+another's compute (AlpaServe §3.1). The live comparison therefore puts plexserve against Serve setups that get
+the statistical multiplexing for free; the simulated cluster below (devices with compute of their own, the papers'
+model sizes) is where the gain AlpaServe measures shows.
 """
 
 
