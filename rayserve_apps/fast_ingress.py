@@ -28,9 +28,11 @@ moved to 127.0.0.1 by `haproxy_loopback.sh`, and a draining ingress replica wait
 `make serve` stops cleanly however it is stopped (`run_serve`): `serve run` runs in a session of its own, a stop
 signal becomes its Ctrl-C with a deadline, and every process of the run left afterwards is ended.
 
-HAProxy sends each ingress replica at most the spec's `serving.ingress_max_ongoing_requests` at once; the excess waits
-in HAProxy's queue for at most `QUEUE_TIMEOUT_MS` and is then refused with a JSON 503 (`overload_errorfile`), which
-costs the ingress replica's Python nothing.
+HAProxy stamps each request's arrival in `X-Request-Start`, so that the time it waits in HAProxy's queue counts in
+its deadline and latency. It sends each ingress replica at most the spec's `serving.ingress_max_ongoing_requests` at
+once (with turns that follow the load, `ingress_turns_slo_fraction` > 0, that plus `ingress_max_queued_requests`:
+the replica's gate then bounds the wait); the excess waits in HAProxy's queue for at most `QUEUE_TIMEOUT_MS` and is
+then refused with a JSON 503 (`overload_errorfile`), which costs the ingress replica's Python nothing.
 
 This module imports neither Ray nor torch.
 """
@@ -107,15 +109,18 @@ def overload_errorfile(folder: Path | None = None) -> Path:
 
 
 def ingress_turns(config_path: Path) -> int | None:
-    """Requests the ingress of a Serve config's plexserve application runs at once (`serving.ingress_max_ongoing_
-    requests`) when the config bounds what it holds (`ingress_max_queued_requests` >= 0), else None. HAProxy sends
-    each ingress replica at most that many; what waits for a turn waits in HAProxy's queue, bounded in time."""
+    """Requests HAProxy sends each ingress replica of a Serve config's plexserve application at once, when the
+    config bounds what the ingress holds (`ingress_max_queued_requests` >= 0), else None: the ingress's turns
+    (`serving.ingress_max_ongoing_requests`), or, when its turns follow the load (`ingress_turns_slo_fraction` > 0),
+    its whole bound (turns + waiting), since its own gate then decides which of them wait and for how long
+    (`rayserve_apps/edge/admission.py`). What waits past that waits in HAProxy's queue, bounded in time."""
     config = yaml.safe_load(Path(config_path).read_text()) or {}
     for application in config.get("applications") or []:
         serving = (application.get("args") or {}).get("serving") or {}
         running, waiting = serving.get("ingress_max_ongoing_requests"), serving.get("ingress_max_queued_requests")
         if running is not None and waiting is not None and waiting >= 0:
-            return int(running)
+            follows_load = (serving.get("ingress_turns_slo_fraction") or 0) > 0
+            return int(running) + (int(waiting) if follows_load else 0)
     return None
 
 

@@ -78,6 +78,19 @@ def test_the_wrapper_moves_every_listener_to_loopback_and_runs_the_binary_with_t
     assert args == ["-db", "-f", str(tmp_path / "haproxy.cfg"), "-sf", "123"]
 
 
+def test_the_wrapper_stamps_each_requests_arrival_unless_its_client_did(tmp_path):
+    config, _ = run_wrapper(tmp_path, SERVE_CONFIG)
+    lines = [line.strip() for line in config.splitlines()]
+    stamp = ("http-request set-header X-Request-Start t=%[date(0,us)] unless { req.hdr(X-Request-Start) -m found }")
+    assert lines[lines.index("frontend http_frontend") + 1] == stamp
+    assert lines.count(stamp) == 1
+    again, _ = run_wrapper(tmp_path, config)
+    assert again.count("X-Request-Start t=") == 1
+    checked = tmp_path / "checked.cfg"  # the real binary accepts the stamped frontend
+    checked.write_text(f"defaults\n    mode http\nfrontend http_frontend\n    {stamp}\n    bind 127.0.0.1:8000\n")
+    subprocess.run([haproxy_binary(), "-c", "-q", "-f", str(checked)], check=True)
+
+
 #: Backend lines as Serve's template renders them: a replica, the backup fallback to Serve's proxy, a tracking server.
 SERVE_BACKENDS = """defaults
     mode http
@@ -123,11 +136,17 @@ def test_haproxys_refusal_is_a_json_503_with_retry_after(tmp_path):
 
 def test_the_cap_is_the_configs_ingress_turns(tmp_path):
     serving = yaml.safe_load((REPO / "configs" / "local.yaml").read_text())["applications"][0]["args"]["serving"]
-    assert ingress_turns(REPO / "configs" / "local.yaml") == serving["ingress_max_ongoing_requests"]
+    held = serving["ingress_max_ongoing_requests"] + serving["ingress_max_queued_requests"]
+    assert serving["ingress_turns_slo_fraction"] > 0  # local.yaml's turns follow the load: HAProxy sends the bound
+    assert ingress_turns(REPO / "configs" / "local.yaml") == held
     unbounded = tmp_path / "serve.yaml"
     unbounded.write_text(yaml.safe_dump({"applications": [{"args": {"serving": {"ingress_max_queued_requests": -1,
                                                                                 "ingress_max_ongoing_requests": 8}}}]}))
     assert ingress_turns(unbounded) is None
+    following = tmp_path / "following.yaml"
+    following.write_text(yaml.safe_dump({"applications": [{"args": {"serving": {
+        "ingress_max_ongoing_requests": 8, "ingress_max_queued_requests": 4, "ingress_turns_slo_fraction": 0.5}}}]}))
+    assert ingress_turns(following) == 12  # the ingress's gate bounds the wait of what it holds
     with pytest.raises(ValueError, match="server_maxconn"):
         local_env(server_maxconn=0)
 
