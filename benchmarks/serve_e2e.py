@@ -590,10 +590,11 @@ def session_env(ingress: str) -> dict[str, str]:
     on beside `make serve`)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_SERVE_")}
     if ingress == "fast_ingress":
-        from rayserve_apps.fast_ingress import ingress_turns, local_env
+        from rayserve_apps.fast_ingress import ingress_queue_timeout_ms, ingress_turns, local_env
 
         env.update(local_env(stats_port=free_port(), metrics_port=free_port(),
-                             server_maxconn=ingress_turns(PLEXSERVE_CONFIG)))
+                             server_maxconn=ingress_turns(PLEXSERVE_CONFIG),
+                             queue_timeout_ms=ingress_queue_timeout_ms(PLEXSERVE_CONFIG)))
     return env
 
 

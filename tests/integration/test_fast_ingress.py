@@ -21,9 +21,11 @@ from waiting import wait_until
 from rayserve_apps.fast_ingress import (
     FAST_INGRESS_ENV,
     LOOPBACK_WRAPPER,
+    QUEUE_TIMEOUT_MS,
     RUN_MARKER_ENV,
     end_marked_processes,
     haproxy_binary,
+    ingress_queue_timeout_ms,
     ingress_turns,
     local_env,
     main,
@@ -136,9 +138,7 @@ def test_haproxys_refusal_is_a_json_503_with_retry_after(tmp_path):
 
 def test_the_cap_is_the_configs_ingress_turns(tmp_path):
     serving = yaml.safe_load((REPO / "configs" / "local.yaml").read_text())["applications"][0]["args"]["serving"]
-    held = serving["ingress_max_ongoing_requests"] + serving["ingress_max_queued_requests"]
-    assert serving["ingress_turns_slo_fraction"] > 0  # local.yaml's turns follow the load: HAProxy sends the bound
-    assert ingress_turns(REPO / "configs" / "local.yaml") == held
+    assert ingress_turns(REPO / "configs" / "local.yaml") == serving["ingress_max_ongoing_requests"]
     unbounded = tmp_path / "serve.yaml"
     unbounded.write_text(yaml.safe_dump({"applications": [{"args": {"serving": {"ingress_max_queued_requests": -1,
                                                                                 "ingress_max_ongoing_requests": 8}}}]}))
@@ -146,7 +146,15 @@ def test_the_cap_is_the_configs_ingress_turns(tmp_path):
     following = tmp_path / "following.yaml"
     following.write_text(yaml.safe_dump({"applications": [{"args": {"serving": {
         "ingress_max_ongoing_requests": 8, "ingress_max_queued_requests": 4, "ingress_turns_slo_fraction": 0.5}}}]}))
-    assert ingress_turns(following) == 12  # the ingress's gate bounds the wait of what it holds
+    assert ingress_turns(following) == 8
+    # HAProxy's queue waits what the gate allows (a quarter of the largest SLO, 1000 ms by default), else 500 ms.
+    assert ingress_queue_timeout_ms(following) == 250 and ingress_queue_timeout_ms(unbounded) == QUEUE_TIMEOUT_MS
+    following.write_text(yaml.safe_dump({"applications": [{"args": {
+        "models": [{"slo_ms": 400}, {"slo_ms": 200}],
+        "serving": {"ingress_max_ongoing_requests": 8, "ingress_max_queued_requests": 4,
+                    "ingress_turns_slo_fraction": 0.5, "ingress_wait_slo_fraction": 0.5}}}]}))
+    assert ingress_queue_timeout_ms(following) == 200
+    assert local_env(server_maxconn=8, queue_timeout_ms=200)["PLEXSERVE_HAPROXY_QUEUE_TIMEOUT_MS"] == "200"
     with pytest.raises(ValueError, match="server_maxconn"):
         local_env(server_maxconn=0)
 
