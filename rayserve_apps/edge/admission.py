@@ -13,11 +13,12 @@ ingress modes, since both hand every HTTP request to the replica's ASGI app.
 **Turns that follow the load** (`serving.ingress_turns_slo_fraction` > 0). By Little's law the requests an app holds
 are its answer rate times the time each spends in it; which count keeps that time within the SLO differs several-fold
 between short and long texts, so no fixed `running` fits both. The replica counts its 200 answers over the last
-`ANSWER_RATE_WINDOW_S` (`AnswerRate`) and lets at most answers/s x SLO x the fraction requests into the routes at
-once (at least `MIN_TURNS`, at most `running`): past saturation a request then spends about that share of its SLO
-in the routes, whatever the texts. A request that finds no turn free waits for one in arrival order, at most until
-`serving.ingress_wait_slo_fraction` of its SLO has passed since its clock started (HAProxy's stamp, which counts
-HAProxy's queue, or the gate's own); then it is refused, still before its body is read. The wait is bounded in time
+`ANSWER_RATE_WINDOW_S` (`AnswerRate`; the highest of the last `PEAK_HOLD_S`) and lets at most answers/s x SLO x the
+fraction requests into the routes at once (at least `MIN_TURNS`, at most `running`): past saturation a request then
+spends about that share of its SLO in the routes, whatever the texts. A request that finds no turn free waits for
+one in arrival order, at most until `serving.ingress_wait_slo_fraction` of its SLO has passed since its clock
+started (HAProxy's stamp, which counts HAProxy's queue, or the gate's own); then it is refused, still before its
+body is read. The wait is bounded in time
 rather than refused at once so that clients without back-off (a closed loop retrying at once) pace themselves
 instead of spinning on refusals that cost the cores the model computes on. Below saturation the rate is the offered
 load and the floor of turns is never reached: nothing waits and the bookkeeping is a counter and a deque. The text
@@ -48,8 +49,15 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 #: Seconds of 200 answers the answer rate counts: long enough to smooth batch bursts, short enough to follow a
 #: change of texts within a few seconds.
 ANSWER_RATE_WINDOW_S = 2.0
-#: Fewest turns when the turns follow the load: a burst at low load (or a replica that has not answered yet) runs.
-MIN_TURNS = 8
+#: Seconds for which the turns keep the highest answer rate measured: past saturation the CPU that refusals take
+#: lowers the rate a little, and fewer turns would then batch less and lower it further; a lasting change of load
+#: lowers the turns once it has lasted this long (the text engine's deadline check covers the meantime).
+PEAK_HOLD_S = 10.0
+#: Seconds between the rate samples the peak is taken over.
+PEAK_SAMPLE_S = 0.25
+#: Fewest turns when the turns follow the load: a burst at low load (or a replica that has not answered yet) runs,
+#: and a model's batches fill (16 long texts at once is where the text engine's answers/s level off on 2 cores).
+MIN_TURNS = 16
 #: The header in which HAProxy (or a client) stamps when the request arrived (`request_clock.REQUEST_START_HEADER`).
 START_HEADER = b"x-request-start"
 #: Stamps above these are microseconds, else milliseconds, else seconds (as `request_clock.Received.from_header`).
@@ -58,13 +66,17 @@ MILLISECONDS_ABOVE = 1e11
 
 
 class AnswerRate:
-    """200 answers per second over the last `window_s` seconds."""
+    """200 answers per second over the last `window_s` seconds, and the highest such rate over the last `hold_s`
+    seconds (sampled every `sample_s`)."""
 
-    def __init__(self, window_s: float = ANSWER_RATE_WINDOW_S):
-        if window_s <= 0:
-            raise ValueError(f"window_s must be > 0, got {window_s}")
-        self.window_s = window_s
+    def __init__(self, window_s: float = ANSWER_RATE_WINDOW_S, hold_s: float = PEAK_HOLD_S,
+                 sample_s: float = PEAK_SAMPLE_S):
+        if window_s <= 0 or hold_s < 0 or sample_s <= 0:
+            raise ValueError(f"window_s and sample_s must be > 0 and hold_s >= 0, got {window_s}, {hold_s}, "
+                             f"{sample_s}")
+        self.window_s, self.hold_s, self.sample_s = window_s, hold_s, sample_s
         self._times: deque[float] = deque()
+        self._samples: deque[tuple[float, float]] = deque()  # (at, rate)
 
     def add(self, now_s: float) -> None:
         self._times.append(now_s)
@@ -74,6 +86,16 @@ class AnswerRate:
         while times and times[0] <= now_s - self.window_s:
             times.popleft()
         return len(times) / self.window_s
+
+    def peak_per_s(self, now_s: float) -> float:
+        """The highest rate of the last `hold_s` seconds, the current one included."""
+        rate = self.per_s(now_s)
+        samples = self._samples
+        if not samples or samples[-1][0] <= now_s - self.sample_s:
+            samples.append((now_s, rate))
+        while samples and samples[0][0] <= now_s - self.hold_s:
+            samples.popleft()
+        return max(rate, max((r for _, r in samples), default=0.0))
 
 
 def stamped_age_s(value: bytes | None, now_wall_s: float) -> float | None:
@@ -157,7 +179,7 @@ class Admission:
         assert self.running is not None
         if not self.follows_load:
             return self.running
-        wanted = math.floor(self.answers.per_s(now_s) * slo_s * self.turns_slo_fraction)
+        wanted = math.floor(self.answers.peak_per_s(now_s) * slo_s * self.turns_slo_fraction)
         return max(min(MIN_TURNS, self.running), min(self.running, wanted))
 
     def wait_until_s(self, slo_s: float, now_s: float, age_s: float = 0.0) -> float | None:

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 
-from rayserve_apps.edge.admission import MIN_TURNS, Admission, AdmissionGate, AnswerRate, stamped_age_s
+from rayserve_apps.edge.admission import MIN_TURNS, PEAK_HOLD_S, Admission, AdmissionGate, AnswerRate, stamped_age_s
 
 
 class Clock:
@@ -41,14 +41,14 @@ def test_the_answer_rate_counts_the_last_window():
 
 def test_the_turns_are_the_answer_rate_times_the_slos_share_within_their_bounds():
     clock = Clock()
-    admission = following(clock=clock, minilm=1.0, fast=0.2)
+    admission = following(running=128, clock=clock, minilm=1.0, fast=0.2)
     assert admission.turns(1.0, clock.now) == MIN_TURNS  # nothing answered yet: the floor
-    for k in range(200):  # 100 answers/s over the window
-        clock.now = 100.0 + k * 0.01
+    for k in range(400):  # 200 answers/s over the window
+        clock.now = 100.0 + k * 0.005
         admission.answered(200)
         admission.answered(503)  # refusals are not answers
-    assert admission.turns(1.0, clock.now) == 50  # 100/s x 1 s x 0.5
-    assert admission.turns(admission.slo_s("/v1/models/fast/embed"), clock.now) == 10
+    assert admission.turns(1.0, clock.now) == 100  # 200/s x 1 s x 0.5
+    assert admission.turns(admission.slo_s("/v1/models/fast/embed"), clock.now) == 20
     assert admission.slo_s("/v1/embeddings") == 1.0 and admission.slo_s("/v2/models/fast/infer") == 0.2
     small = following(running=20, clock=clock)
     for _ in range(400):
@@ -59,6 +59,19 @@ def test_the_turns_are_the_answer_rate_times_the_slos_share_within_their_bounds(
     assert not fixed.follows_load and fixed.turns(1.0, 0.0) == 32 and fixed.wait_until_s(1.0, 0.0) is None
     with pytest.raises(ValueError, match="turns_slo_fraction"):
         Admission().configure(8, 8, 1.0, turns_slo_fraction=1.5)
+
+
+def test_the_turns_keep_the_highest_recent_rate_for_a_while():
+    clock = Clock()
+    admission = following(running=128, clock=clock)
+    for k in range(400):  # 200 answers/s for 2 s
+        clock.now = 100.0 + k * 0.005
+        admission.answered(200)
+    assert admission.turns(1.0, clock.now) == 100
+    clock.now += 3.0  # no answers since: the rate is 0, the peak holds
+    assert admission.answers.per_s(clock.now) == 0.0 and admission.turns(1.0, clock.now) == 100
+    clock.now += PEAK_HOLD_S  # a lasting change: back to the floor
+    assert admission.turns(1.0, clock.now) == MIN_TURNS
 
 
 def test_the_wait_for_a_turn_counts_from_the_requests_clock():
