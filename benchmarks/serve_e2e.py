@@ -793,6 +793,9 @@ def merge_figures(previous: dict, current: dict, measured_mixes: list[str]) -> d
         merged["soak"] = previous["soak"]
         merged["rss_growth"], merged["p99_growth"] = previous.get("rss_growth"), previous.get("p99_growth")
         kept_points += [p for p in previous.get("points", []) if p.get("mode") == "soak"]
+    if previous.get("infinity_emb") == "measured" and current.get("infinity_emb", "measured") != "measured" \
+            and any("kept_figures" in merged.get(mix, {}) for mix in measured_mixes):
+        merged["infinity_emb"] = f"{current['infinity_emb']} in this run; earlier figures kept (kept_figures)"
     merged["points"] = kept_points + current.get("points", [])
     merged.update(error_counts(merged["points"]))
     merged["mixes"] = [mix for mix in MIXES if mix in merged]

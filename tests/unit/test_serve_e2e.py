@@ -132,7 +132,9 @@ def test_a_run_of_some_sides_keeps_the_earlier_figures_of_the_others_and_says_wh
     now = e2e.run_figures(plexserve_only, ["long"], [16, 64], {})
     now["long"]["command"] = "python -m benchmarks.serve_e2e --quick --skip-plain --skip-infinity --merge"
     now["points"] = plexserve_only
+    before["infinity_emb"], now["infinity_emb"] = "measured", "skipped (--skip-infinity)"
     merged = e2e.merge_figures(before, now, ["long"])
+    assert merged["infinity_emb"] == "skipped (--skip-infinity) in this run; earlier figures kept (kept_figures)"
     long = merged["long"]
     assert long["command"] == now["long"]["command"]
     assert long["ok_per_s_plexserve_64"] == now["long"]["ok_per_s_plexserve_64"]
