@@ -590,10 +590,11 @@ def session_env(ingress: str) -> dict[str, str]:
     on beside `make serve`)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_SERVE_")}
     if ingress == "fast_ingress":
-        from rayserve_apps.fast_ingress import ingress_turns, local_env
+        from rayserve_apps.fast_ingress import ingress_queue_timeout_ms, ingress_turns, local_env
 
         env.update(local_env(stats_port=free_port(), metrics_port=free_port(),
-                             server_maxconn=ingress_turns(PLEXSERVE_CONFIG)))
+                             server_maxconn=ingress_turns(PLEXSERVE_CONFIG),
+                             queue_timeout_ms=ingress_queue_timeout_ms(PLEXSERVE_CONFIG)))
     return env
 
 
@@ -764,17 +765,38 @@ def error_counts(points: list[dict]) -> dict[str, int]:
 
 def merge_figures(previous: dict, current: dict, measured_mixes: list[str]) -> dict:
     """`current` with what `previous` (an earlier result's figures) holds and this run did not measure: the mixes
-    outside `measured_mixes` (their figures and points) and the soak when this run had none."""
+    outside `measured_mixes` (their figures and points), the soak when this run had none, and, in a mix this run
+    measured in part (some sides, or no overload), the earlier figures it did not produce and the points of the
+    sides it did not run. Those kept figures are listed under the mix's `kept_figures` by the command that
+    measured them ({command: [keys]}): a ratio among them compares the sides of that earlier run, not this run's
+    plexserve."""
     merged = dict(current)
     for mix in MIXES:
         if mix not in measured_mixes and mix in previous:
             merged[mix] = previous[mix]
-    kept = [p for p in previous.get("points", []) if p.get("mix") not in measured_mixes and p.get("mode") != "soak"]
+        elif mix in measured_mixes and mix in previous and mix in current:
+            earlier = previous[mix]
+            kept = {key: value for key, value in earlier.items()
+                    if key not in current[mix] and key not in ("command", "kept_figures")}
+            if kept:
+                whence = {key: command for command, keys in (earlier.get("kept_figures") or {}).items()
+                          for key in keys}
+                sources: dict[str, list[str]] = {}
+                for key in sorted(kept):
+                    sources.setdefault(whence.get(key, earlier.get("command", "unknown")), []).append(key)
+                merged[mix] = {**kept, **current[mix], "kept_figures": sources}
+    measured = {(p.get("mix"), p.get("system"), p.get("mode")) for p in current.get("points", [])}
+    kept_points = [p for p in previous.get("points", []) if p.get("mode") != "soak"
+                   and (p.get("mix") not in measured_mixes or (p.get("mix"), p.get("system"), p.get("mode"))
+                        not in measured)]
     if "soak" not in current and "soak" in previous:
         merged["soak"] = previous["soak"]
         merged["rss_growth"], merged["p99_growth"] = previous.get("rss_growth"), previous.get("p99_growth")
-        kept += [p for p in previous.get("points", []) if p.get("mode") == "soak"]
-    merged["points"] = kept + current.get("points", [])
+        kept_points += [p for p in previous.get("points", []) if p.get("mode") == "soak"]
+    if previous.get("infinity_emb") == "measured" and current.get("infinity_emb", "measured") != "measured" \
+            and any("kept_figures" in merged.get(mix, {}) for mix in measured_mixes):
+        merged["infinity_emb"] = f"{current['infinity_emb']} in this run; earlier figures kept (kept_figures)"
+    merged["points"] = kept_points + current.get("points", [])
     merged.update(error_counts(merged["points"]))
     merged["mixes"] = [mix for mix in MIXES if mix in merged]
     return merged

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from models.layers import ActivationState, parameter_bytes, run_layers
 from parallel.comm_model import AlphaBeta, CommModel, HopOverhead, fit_alpha_beta
+from parallel.host_cpu import read_host_cpu_s
 from parallel.intra_op import BlockShape
 from parallel.stage_layers import ModelSource, example_input, load_model, standalone_layers
 from parallel.stage_transport import PipelineTransport, StageTransportEndpoint
@@ -558,14 +559,9 @@ def profile_hop_overhead(actors: Sequence, payload_bytes: int = DEFAULT_HOP_PAYL
 
 def host_busy_cpu_s() -> float | None:
     """CPU seconds the whole host has been busy so far, every core and every process, the hypervisor's steal
-    included (/proc/stat: all but idle and iowait); None off Linux."""
-    try:
-        fields = (PROC_ROOT / "stat").read_text().split("\n", 1)[0].split()
-    except OSError:
-        return None
-    # cpu user nice system idle iowait irq softirq steal guest guest_nice (proc(5)); guest time is inside user.
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
-    return (user + nice + system + irq + softirq + steal) / _clock_ticks_per_s()
+    included (/proc/stat: all but idle and iowait, `parallel.host_cpu`); None off Linux."""
+    cpu = read_host_cpu_s(PROC_ROOT / "stat", ticks_per_s=_clock_ticks_per_s())
+    return None if cpu is None else cpu.busy_s
 
 
 class ForeignLoadMeter:

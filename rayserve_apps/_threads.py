@@ -15,6 +15,8 @@ import time
 
 import torch
 
+from parallel.host_cpu import read_host_cpu_s
+
 
 def set_torch_threads_for(num_cpus: float) -> int:
     """One torch thread per reserved CPU, at least one (a 0.5-CPU replica computes on one thread)."""
@@ -35,17 +37,8 @@ def threads_for_load(idle_cores: float, own_cores: float, total_cores: int, batc
 
 def read_cpu_idle_s(stat_path: str = "/proc/stat") -> tuple[float, float] | None:
     """(idle + iowait seconds, all seconds) summed over the machine's cores since boot; None where /proc/stat is
-    absent."""
-    try:
-        with open(stat_path) as stat:
-            fields = stat.readline().split()
-    except OSError:
-        return None
-    if not fields or fields[0] != "cpu":
-        return None
-    ticks = [int(value) for value in fields[1:]]
-    hertz = os.sysconf("SC_CLK_TCK")
-    return (ticks[3] + (ticks[4] if len(ticks) > 4 else 0)) / hertz, sum(ticks[:8]) / hertz
+    absent (`parallel.host_cpu`)."""
+    return read_host_cpu_s(stat_path)
 
 
 class LoadFollowingThreads:

@@ -28,9 +28,13 @@ moved to 127.0.0.1 by `haproxy_loopback.sh`, and a draining ingress replica wait
 `make serve` stops cleanly however it is stopped (`run_serve`): `serve run` runs in a session of its own, a stop
 signal becomes its Ctrl-C with a deadline, and every process of the run left afterwards is ended.
 
-HAProxy sends each ingress replica at most the spec's `serving.ingress_max_ongoing_requests` at once; the excess waits
-in HAProxy's queue for at most `QUEUE_TIMEOUT_MS` and is then refused with a JSON 503 (`overload_errorfile`), which
-costs the ingress replica's Python nothing.
+HAProxy stamps each request's arrival in `X-Request-Start`, so that the time it waits in HAProxy's queue counts in
+its deadline and latency. It sends each ingress replica at most the spec's `serving.ingress_max_ongoing_requests` at
+once; the excess waits in HAProxy's queue for at most `QUEUE_TIMEOUT_MS` (with turns that follow the load,
+`ingress_turns_slo_fraction` > 0: the wait the replica's gate allows, `ingress_queue_timeout_ms`) and is then refused
+with a JSON 503 (`overload_errorfile`), which costs the ingress replica's Python nothing. When the replica's turns
+are fewer than HAProxy's cap, the requests past them wait in the replica's gate, holding HAProxy's slots, so that
+HAProxy's queue, not the replica's Python, takes and refuses the rest.
 
 This module imports neither Ray nor torch.
 """
@@ -106,26 +110,50 @@ def overload_errorfile(folder: Path | None = None) -> Path:
     return path
 
 
+def _plexserve_args(config_path: Path) -> dict | None:
+    """The args of a Serve config's application that bounds what its ingress holds (`serving.ingress_max_queued_
+    requests` >= 0), else None."""
+    config = yaml.safe_load(Path(config_path).read_text()) or {}
+    for application in config.get("applications") or []:
+        args = application.get("args") or {}
+        serving = args.get("serving") or {}
+        running, waiting = serving.get("ingress_max_ongoing_requests"), serving.get("ingress_max_queued_requests")
+        if running is not None and waiting is not None and waiting >= 0:
+            return args
+    return None
+
+
 def ingress_turns(config_path: Path) -> int | None:
     """Requests the ingress of a Serve config's plexserve application runs at once (`serving.ingress_max_ongoing_
     requests`) when the config bounds what it holds (`ingress_max_queued_requests` >= 0), else None. HAProxy sends
     each ingress replica at most that many; what waits for a turn waits in HAProxy's queue, bounded in time."""
-    config = yaml.safe_load(Path(config_path).read_text()) or {}
-    for application in config.get("applications") or []:
-        serving = (application.get("args") or {}).get("serving") or {}
-        running, waiting = serving.get("ingress_max_ongoing_requests"), serving.get("ingress_max_queued_requests")
-        if running is not None and waiting is not None and waiting >= 0:
-            return int(running)
-    return None
+    args = _plexserve_args(config_path)
+    return None if args is None else int(args["serving"]["ingress_max_ongoing_requests"])
+
+
+def ingress_queue_timeout_ms(config_path: Path) -> int:
+    """Milliseconds a request may wait in HAProxy's queue for one of the ingress's turns: `QUEUE_TIMEOUT_MS`, or,
+    when the ingress's turns follow the load (`serving.ingress_turns_slo_fraction` > 0), the wait its own gate
+    allows (`ingress_wait_slo_fraction` of the largest model SLO): a request held longer would be refused by the
+    gate on arrival, in Python, where HAProxy refuses it in C."""
+    args = _plexserve_args(config_path)
+    serving = (args or {}).get("serving") or {}
+    if not (serving.get("ingress_turns_slo_fraction") or 0) > 0:
+        return QUEUE_TIMEOUT_MS
+    from placement.core.deployment_spec import ModelSpec, ServingSpec
+
+    fraction = serving.get("ingress_wait_slo_fraction", ServingSpec.model_fields["ingress_wait_slo_fraction"].default)
+    slos = [model.get("slo_ms", ModelSpec.model_fields["slo_ms"].default) for model in args.get("models") or []]
+    return max(1, round(fraction * max(slos, default=ModelSpec.model_fields["slo_ms"].default)))
 
 
 def local_env(stats_port: int | None = None, metrics_port: int | None = None,
-              server_maxconn: int | None = None) -> dict[str, str]:
+              server_maxconn: int | None = None, queue_timeout_ms: int = QUEUE_TIMEOUT_MS) -> dict[str, str]:
     """Environment for a single-machine Ray that serves plexserve through the fast ingress, every listener on
     127.0.0.1: `FAST_INGRESS_ENV` plus the loopback wrapper, the short drain and HAProxy's JSON 503. HAProxy's stats
     and Prometheus ports are fixed per machine (Serve's defaults 8404 and 9101); tests and benchmarks pass free ones
     so that they can run beside `make serve`. With `server_maxconn`, HAProxy sends each ingress replica at most that
-    many requests at once and refuses what waits past `QUEUE_TIMEOUT_MS` for a turn (`haproxy_loopback.sh`); the
+    many requests at once and refuses what waits past `queue_timeout_ms` for a turn (`haproxy_loopback.sh`); the
     variables PLEXSERVE_HAPROXY_SERVER_MAXCONN and PLEXSERVE_HAPROXY_QUEUE_TIMEOUT_MS in this process's environment
     take the place of both."""
     env = {**FAST_INGRESS_ENV,
@@ -141,7 +169,7 @@ def local_env(stats_port: int | None = None, metrics_port: int | None = None,
         if server_maxconn < 1:
             raise ValueError(f"server_maxconn must be at least 1, got {server_maxconn}")
         for key, value in (("PLEXSERVE_HAPROXY_SERVER_MAXCONN", server_maxconn),
-                           ("PLEXSERVE_HAPROXY_QUEUE_TIMEOUT_MS", QUEUE_TIMEOUT_MS)):
+                           ("PLEXSERVE_HAPROXY_QUEUE_TIMEOUT_MS", queue_timeout_ms)):
             env[key] = os.environ.get(key, str(value))
     return env
 
@@ -246,7 +274,9 @@ def main(argv: list[str] | None = None) -> None:
     if not args or args[0].startswith("-"):
         raise SystemExit("usage: python -m rayserve_apps.fast_ingress CONFIG.yaml [serve run options]")
     serve = Path(sys.executable).with_name("serve")
-    env = local_env(server_maxconn=ingress_turns(Path(args[0])) if Path(args[0]).is_file() else None)
+    config = Path(args[0])
+    env = (local_env(server_maxconn=ingress_turns(config), queue_timeout_ms=ingress_queue_timeout_ms(config))
+           if config.is_file() else local_env())
     sys.exit(run_serve([str(serve), "run", *args], {**os.environ, **env}))
 
 

@@ -5,6 +5,9 @@
 # - every listener on the loopback interface (the local job's rule: servers bind to 127.0.0.1): Serve renders the
 #   stats (8404) and Prometheus (9101) listeners on all interfaces with no setting to change that, so `bind :PORT` /
 #   `bind *:PORT` lines become `bind 127.0.0.1:PORT`;
+# - the HTTP frontend stamps each request's arrival in X-Request-Start (microseconds; a client's own stamp is kept),
+#   so that the ingress's clock, the request's deadline and its latency count the time it waits in HAProxy's queue
+#   (rayserve_apps/ingress/request_clock.py);
 # - with PLEXSERVE_HAPROXY_SERVER_MAXCONN set, each server (ingress replica) is sent at most that many requests at
 #   once; the rest wait in HAProxy's queue at most PLEXSERVE_HAPROXY_QUEUE_TIMEOUT_MS and are then refused by HAProxy
 #   with PLEXSERVE_HAPROXY_ERRORFILE_503 (a JSON 503 with Retry-After), so that excess load is refused in C instead
@@ -21,6 +24,9 @@ for arg in "$@"; do
 done
 if [ -n "$config" ] && [ -f "$config" ]; then
     sed -i -E 's/^([[:space:]]*bind[[:space:]]+)\*?:([0-9]+)/\1127.0.0.1:\2/' "$config"
+    if ! grep -q -E "set-header X-Request-Start" "$config"; then
+        sed -i -E 's/^(frontend http_frontend)$/\1\n    http-request set-header X-Request-Start t=%[date(0,us)] unless { req.hdr(X-Request-Start) -m found }/' "$config"
+    fi
     if [ -n "${PLEXSERVE_HAPROXY_SERVER_MAXCONN:-}" ]; then
         # Server lines of the backends (not the backup fallback to Serve's proxy), once per rendering.
         sed -i -E "/^[[:space:]]*server[[:space:]].*[[:space:]]check/{/[[:space:]](backup|maxconn)([[:space:]]|\$)/!s/\$/ maxconn ${PLEXSERVE_HAPROXY_SERVER_MAXCONN}/}" "$config"

@@ -165,6 +165,17 @@ class ServingSpec(_Strict):
                     "flight; past it the replica answers 503 with Retry-After before reading the body, in the "
                     "route's protocol (OpenAI's, KServe's or plexserve's error body), in either ingress mode "
                     "(Serve's proxy or the fast ingress `make serve` runs). -1: unbounded (Serve's default).")
+    ingress_turns_slo_fraction: float = Field(
+        default=0.0, ge=0.0, le=1.0,
+        description="With `ingress_max_queued_requests` >= 0: > 0 makes the requests an ingress replica runs at "
+                    "once follow its measured answer rate, at most answers/s x the request's model SLO x this "
+                    "fraction (Little's law: about this share of the SLO spent in the routes past saturation; at "
+                    "least 8, at most `ingress_max_ongoing_requests`). 0: `ingress_max_ongoing_requests` fixed.")
+    ingress_wait_slo_fraction: float = Field(
+        default=0.25, ge=0.0, le=1.0,
+        description="With `ingress_turns_slo_fraction` > 0: the share of its SLO a request may wait for a turn, "
+                    "counted from when its clock started (HAProxy's or the client's `X-Request-Start`, else its "
+                    "arrival); past it the replica answers 503 with Retry-After before reading the body.")
     ingress_retry_after_s: float = Field(
         default=1.0, gt=0,
         description="Retry-After (seconds, rounded up) of the ingress's 503 when `ingress_max_queued_requests` "

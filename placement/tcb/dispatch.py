@@ -31,7 +31,7 @@ def batch_ready_at_s(now_s: float, oldest_arrival_s: float, queued_tokens: int, 
 def predicted_finish_s(now_s: float, tokens_ahead: int, tokens: int, capacity_tokens: int,
                        batch_seconds: BatchSeconds) -> float:
     """Finish of a call of `tokens` queued behind `tokens_ahead`, run in full batches of `capacity_tokens` then
-    one for the rest (optimistic: the batch running now is counted as done)."""
+    one for the rest, the first starting at `now_s` (the caller passes when the batch running now ends)."""
     if capacity_tokens < 1:
         raise ValueError(f"capacity_tokens must be >= 1, got {capacity_tokens}")
     total = tokens_ahead + tokens

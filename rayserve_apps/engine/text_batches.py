@@ -5,7 +5,8 @@ model's SLO as deadline) and asks the configured scheduler (DAS by default, TCB 
 FCFS, SJF, EDF) for the next batch of B rows x L tokens once the rows are full, the oldest text has waited
 `batch_wait_s`, or (`dispatch_when_idle`) at once when none of the model's batches runs
 (`placement.tcb.dispatch.batch_ready_at_s`). With `refuse_early`, a call whose texts cannot finish by their deadline
-behind the queued tokens is answered 503 `overloaded` on arrival (`placement.tcb.dispatch.admits`). Texts whose
+behind the batch running and the queued tokens is answered 503 `overloaded` on arrival
+(`placement.tcb.dispatch.admits`, from when the running batch is predicted to end). Texts whose
 deadline passes before they are scheduled are dropped (TCB §5.2) and answered 503. Once the engine has timed a few
 batches (`batch_cost.BatchCostEstimate`), the scheduler's batch is cut to what finishes by its deadlines, and
 requests that cannot finish in time even alone are dropped before they run
@@ -81,6 +82,9 @@ class TextBatchFormer:
         self.cost = BatchCostEstimate()
         #: Texts refused on arrival (`refuse_early`).
         self.refused_early = 0
+        #: Predicted ends of the batches formed and not yet completed (by the batch's id): an arrival's texts start
+        #: once the first of them ends, not now. A batch that failed is forgotten once its predicted end passed.
+        self._running_until_s: dict[int, float] = {}
 
     def _refuses(self, items: Sequence[WorkItem]) -> bool:
         if not items or not self.scheduler.params.refuse_early:
@@ -90,7 +94,16 @@ class TextBatchFormer:
             return False
         deadline_s = min(item.deadline_s for item in items)
         tokens = sum(len(item.payload) for item in items)
-        return not admits(now_s, deadline_s, self._queued_tokens, tokens, self.capacity_tokens, self.cost.seconds)
+        return not admits(self.free_at_s(now_s), deadline_s, self._queued_tokens, tokens, self.capacity_tokens,
+                          self.cost.seconds)
+
+    def free_at_s(self, now_s: float) -> float:
+        """When the next batch can start: now, or when the earliest batch running is predicted to end (TCB §5.2's
+        deadline check counts the work ahead of a request; the batch on the device is part of it)."""
+        running = self._running_until_s
+        for key in [key for key, end_s in running.items() if end_s <= now_s]:
+            del running[key]
+        return min(running.values(), default=now_s)
 
     def add(self, items: Sequence[WorkItem]) -> None:
         """Queue one call's texts; refused at once (503 overloaded) when they cannot finish by their deadline."""
@@ -126,9 +139,13 @@ class TextBatchFormer:
         refused = [(r.request_id, RequestError(
             503, "deadline_exceeded", f"model {self.model!r}: a text could not be answered within its {self.slo_ms:g} "
             "ms SLO (its deadline passed, or would pass before its batch ends)")) for r in decision.dropped]
-        return FormedBatch(items=[r.request_id for r in decision.requests], plan=decision, refused=refused)
+        batch = FormedBatch(items=[r.request_id for r in decision.requests], plan=decision, refused=refused)
+        if decision.requests and self.cost.ready(now_s):
+            self._running_until_s[id(batch)] = now_s + self.cost.seconds(decision.num_tokens)
+        return batch
 
     def completed(self, batch: FormedBatch, started_s: float, finish_s: float) -> None:
+        self._running_until_s.pop(id(batch), None)
         if batch.plan is not None:
             self.cost.add(batch.plan.num_tokens, finish_s - started_s, finish_s)
 

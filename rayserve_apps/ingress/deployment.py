@@ -123,7 +123,10 @@ class Ingress:
         self.text_widths = {m.name: text_embedding_width(m.source) for m in self.spec.models if m.kind == "text"}
         serving = self.spec.serving
         ADMISSION.configure(serving.ingress_max_ongoing_requests, serving.ingress_max_queued_requests,
-                            serving.ingress_retry_after_s)
+                            serving.ingress_retry_after_s,
+                            slo_s_by_model={m.name: m.slo_ms / 1000.0 for m in self.spec.models},
+                            turns_slo_fraction=serving.ingress_turns_slo_fraction,
+                            wait_slo_fraction=serving.ingress_wait_slo_fraction)
         self.edge = native.Edge(self.spec)
 
     def _text_limit(self, model: str, tokenizer: TextTokenizer) -> int:

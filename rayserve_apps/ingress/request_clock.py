@@ -13,7 +13,10 @@ the controller refits its simulator on) shorter than the one the client sees.
 the clock there: the HTTP header `X-Request-Start` (`t=` and a Unix time in seconds, milliseconds or microseconds, as
 nginx's `t=${msec}` and Heroku's router write it), or `sent_at_s` (Unix seconds) on a handle call. The way from the
 client to the ingress replica then counts too: the router's and the replica's queues, which grow in bursts, exactly
-when requests come near their SLO (under load this way there is longer than the way back). The
+when requests come near their SLO (under load this way there is longer than the way back). The local job's HAProxy
+stamps every request it receives (`rayserve_apps/haproxy_loopback.sh`), so that its queue counts; the ingress's
+admission gate stamps an HTTP request that arrives without a stamp (`rayserve_apps/edge/admission.py`), so that its
+wait for a turn counts. The
 clocks of the client's host and the ingress's must agree (NTP): a send time up to MAX_CLOCK_AHEAD_S ahead of the
 ingress's clock starts at the arrival, one further ahead or more than MAX_SENT_BEFORE_S before it is refused (422
 naming the header or the argument). Only the way back stays outside. Each answer carries the ingress's count

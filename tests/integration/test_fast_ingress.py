@@ -21,9 +21,11 @@ from waiting import wait_until
 from rayserve_apps.fast_ingress import (
     FAST_INGRESS_ENV,
     LOOPBACK_WRAPPER,
+    QUEUE_TIMEOUT_MS,
     RUN_MARKER_ENV,
     end_marked_processes,
     haproxy_binary,
+    ingress_queue_timeout_ms,
     ingress_turns,
     local_env,
     main,
@@ -78,6 +80,19 @@ def test_the_wrapper_moves_every_listener_to_loopback_and_runs_the_binary_with_t
     assert args == ["-db", "-f", str(tmp_path / "haproxy.cfg"), "-sf", "123"]
 
 
+def test_the_wrapper_stamps_each_requests_arrival_unless_its_client_did(tmp_path):
+    config, _ = run_wrapper(tmp_path, SERVE_CONFIG)
+    lines = [line.strip() for line in config.splitlines()]
+    stamp = ("http-request set-header X-Request-Start t=%[date(0,us)] unless { req.hdr(X-Request-Start) -m found }")
+    assert lines[lines.index("frontend http_frontend") + 1] == stamp
+    assert lines.count(stamp) == 1
+    again, _ = run_wrapper(tmp_path, config)
+    assert again.count("X-Request-Start t=") == 1
+    checked = tmp_path / "checked.cfg"  # the real binary accepts the stamped frontend
+    checked.write_text(f"defaults\n    mode http\nfrontend http_frontend\n    {stamp}\n    bind 127.0.0.1:8000\n")
+    subprocess.run([haproxy_binary(), "-c", "-q", "-f", str(checked)], check=True)
+
+
 #: Backend lines as Serve's template renders them: a replica, the backup fallback to Serve's proxy, a tracking server.
 SERVE_BACKENDS = """defaults
     mode http
@@ -128,6 +143,18 @@ def test_the_cap_is_the_configs_ingress_turns(tmp_path):
     unbounded.write_text(yaml.safe_dump({"applications": [{"args": {"serving": {"ingress_max_queued_requests": -1,
                                                                                 "ingress_max_ongoing_requests": 8}}}]}))
     assert ingress_turns(unbounded) is None
+    following = tmp_path / "following.yaml"
+    following.write_text(yaml.safe_dump({"applications": [{"args": {"serving": {
+        "ingress_max_ongoing_requests": 8, "ingress_max_queued_requests": 4, "ingress_turns_slo_fraction": 0.5}}}]}))
+    assert ingress_turns(following) == 8
+    # HAProxy's queue waits what the gate allows (a quarter of the largest SLO, 1000 ms by default), else 500 ms.
+    assert ingress_queue_timeout_ms(following) == 250 and ingress_queue_timeout_ms(unbounded) == QUEUE_TIMEOUT_MS
+    following.write_text(yaml.safe_dump({"applications": [{"args": {
+        "models": [{"slo_ms": 400}, {"slo_ms": 200}],
+        "serving": {"ingress_max_ongoing_requests": 8, "ingress_max_queued_requests": 4,
+                    "ingress_turns_slo_fraction": 0.5, "ingress_wait_slo_fraction": 0.5}}}]}))
+    assert ingress_queue_timeout_ms(following) == 200
+    assert local_env(server_maxconn=8, queue_timeout_ms=200)["PLEXSERVE_HAPROXY_QUEUE_TIMEOUT_MS"] == "200"
     with pytest.raises(ValueError, match="server_maxconn"):
         local_env(server_maxconn=0)
 

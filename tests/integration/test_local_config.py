@@ -22,6 +22,7 @@ from models import load_text_encoder
 from models.task_registry import DIGITS_ARTIFACTS_DIR, TaskRegistry
 from placement.core.deployment_spec import parse_spec
 from rayserve_apps.control.live_update import apply_config
+from rayserve_apps.edge.admission import MIN_TURNS
 
 pytestmark = pytest.mark.ray
 
@@ -123,7 +124,8 @@ def test_past_the_ingress_bound_the_ingress_refuses_with_retry_after_and_nothing
     statuses = [answer.status_code for answer in answers]
     assert set(statuses) <= {200, 503}, sorted(set(statuses))
     refused = [answer for answer in answers if answer.status_code == 503]
-    assert refused and statuses.count(200) >= serving.ingress_max_ongoing_requests // 2, statuses.count(200)
+    # The turns follow the answer rate (at least MIN_TURNS): a burst on an idle app gets the floor's share at least.
+    assert refused and statuses.count(200) >= min(MIN_TURNS, serving.ingress_max_ongoing_requests) // 2, statuses
     assert all(answer.headers.get("retry-after") == f"{serving.ingress_retry_after_s:.0f}" for answer in refused)
     for answer in refused:
         error = answer.json()["error"]

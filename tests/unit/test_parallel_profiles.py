@@ -226,3 +226,19 @@ def test_the_foreign_load_meter_counts_the_host_cpu_outside_our_process_tree(tmp
     _fake_proc(proc, host_ticks=1400, processes={10: (1, 250), 11: (10, 200), 12: (11, 50), 20: (1, 500)})
     assert meter.stop() == pytest.approx((4.0 - 1.5 - 1.0 - 0.5) / 2)  # 0.5 foreign cores
     assert profiler.host_busy_cpu_s() == pytest.approx(14.0)
+
+
+def test_the_host_cpu_reader_splits_idle_from_busy(tmp_path):
+    from parallel.host_cpu import read_host_cpu_s
+
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal guest guest_nice: guest time is inside user, not added again.
+    stat.write_text("cpu  100 10 50 800 40 5 3 2 70 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")
+    cpu = read_host_cpu_s(stat, ticks_per_s=100)
+    assert cpu.idle_s == pytest.approx(8.4) and cpu.total_s == pytest.approx(10.1)
+    assert cpu.busy_s == pytest.approx(1.7)
+    stat.write_text("cpu  100 0 50 800\n")  # an older kernel's shorter line
+    assert read_host_cpu_s(stat, ticks_per_s=100) == (pytest.approx(8.0), pytest.approx(9.5))
+    stat.write_text("intr 1 2 3\n")
+    assert read_host_cpu_s(stat) is None
+    assert read_host_cpu_s(tmp_path / "missing") is None

@@ -124,6 +124,31 @@ def test_a_one_mix_run_merges_into_the_mixes_and_soak_measured_before():
     assert merged["errors_5xx_not_503"] == 2
 
 
+def test_a_run_of_some_sides_keeps_the_earlier_figures_of_the_others_and_says_whence():
+    before = e2e.run_figures(points_of("long"), ["long"], [1, 16, 64], {})
+    before["long"]["command"] = "python -m benchmarks.serve_e2e --quick"
+    before["points"] = points_of("long")
+    plexserve_only = [p for p in points_of("long") if p["system"] == "plexserve" and p["load"] != 1]
+    now = e2e.run_figures(plexserve_only, ["long"], [16, 64], {})
+    now["long"]["command"] = "python -m benchmarks.serve_e2e --quick --skip-plain --skip-infinity --merge"
+    now["points"] = plexserve_only
+    before["infinity_emb"], now["infinity_emb"] = "measured", "skipped (--skip-infinity)"
+    merged = e2e.merge_figures(before, now, ["long"])
+    assert merged["infinity_emb"] == "skipped (--skip-infinity) in this run; earlier figures kept (kept_figures)"
+    long = merged["long"]
+    assert long["command"] == now["long"]["command"]
+    assert long["ok_per_s_plexserve_64"] == now["long"]["ok_per_s_plexserve_64"]
+    assert long["ratio_vs_infinity_64"] == before["long"]["ratio_vs_infinity_64"]  # kept, and listed as such
+    (kept,) = long["kept_figures"].values()
+    assert list(long["kept_figures"]) == [before["long"]["command"]]
+    assert "ratio_vs_infinity_64" in kept and "ok_per_s_plexserve_64" not in kept
+    systems = [(p["system"], p["load"]) for p in merged["points"] if p["mode"] == "closed"]
+    assert systems.count(("infinity", 16)) == 1 and systems.count(("plexserve", 16)) == 1  # this run's, once
+    assert ("plexserve", 1) not in systems  # a side this run measured keeps only this run's points
+    again = e2e.merge_figures(merged, now, ["long"])  # a second partial run: the kept figures keep their source
+    assert again["long"]["kept_figures"] == long["kept_figures"]
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--soak-s", "-1"], "--soak-s must be >= 0, got -1"),
     (["--clients", "0", "16"], "--clients: every client count must be >= 1"),

@@ -102,3 +102,40 @@ def test_text_former_refuses_early_and_answers_503_overloaded():
         assert isinstance(error, RequestError) and error.status_code == 503 and error.error_type == "overloaded"
 
     asyncio.run(scenario())
+
+
+def test_text_former_counts_the_batch_running_in_a_callers_wait():
+    """TCB §5.2's deadline check on arrival: the batch on the device is work ahead of the new call."""
+    import asyncio
+
+    from placement.tcb.batch_scheduler import make_batch_scheduler
+    from rayserve_apps.engine.engine import WorkItem
+    from rayserve_apps.engine.text_batches import TextBatchFormer
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        former = TextBatchFormer("m", make_batch_scheduler("fcfs", {"row_length_tokens": 100, "num_rows": 2}),
+                                 0.01, slo_ms=100)
+        for tokens in (50, 100, 150, 200):  # batches of 1 ms per token
+            former.cost.add(tokens, 0.001 * tokens, ended_s=0.0)
+
+        def call(now, tokens, budget_s=0.1):
+            return [WorkItem([1] * tokens, now, now + budget_s, loop.create_future(), {})]
+
+        running = call(0.0, 80, budget_s=1.0)
+        former.add(running)
+        batch = former.form(0.0)  # 80 ms on the device from 0 s
+        assert [item for item in batch.items] == running and former.free_at_s(0.01) == pytest.approx(0.08)
+        late = call(0.01, 60)  # alone it would take 60 ms of its 100; behind the running batch it ends at 140 ms
+        former.add(late)
+        assert former.refused_early == 1 and late[0].future.done()
+        fits = call(0.01, 10)  # ends at 90 ms: within its 110 ms deadline
+        former.add(fits)
+        assert former.queued() == 1 and not fits[0].future.done()
+        former.completed(batch, 0.0, 0.08)
+        assert former.free_at_s(0.08) == 0.08  # nothing running: the next batch starts now
+        lost = former.form(0.08)  # a batch that fails never completes: forgotten once its predicted end passed
+        assert former.free_at_s(0.081) > 0.081 and former.free_at_s(1.0) == 1.0
+        assert lost.items == fits
+
+    asyncio.run(scenario())
