@@ -170,7 +170,7 @@ class ServingSpec(_Strict):
         description="With `ingress_max_queued_requests` >= 0: > 0 makes the requests an ingress replica runs at "
                     "once follow its measured answer rate, at most answers/s x the request's model SLO x this "
                     "fraction (Little's law: about this share of the SLO spent in the routes past saturation; at "
-                    "least 8, at most `ingress_max_ongoing_requests`). 0: `ingress_max_ongoing_requests` fixed.")
+                    "least 16, at most `ingress_max_ongoing_requests`). 0: `ingress_max_ongoing_requests` fixed.")
     ingress_wait_slo_fraction: float = Field(
         default=0.25, ge=0.0, le=1.0,
         description="With `ingress_turns_slo_fraction` > 0: the share of its SLO a request may wait for a turn, "

@@ -60,9 +60,6 @@ PEAK_SAMPLE_S = 0.25
 MIN_TURNS = 16
 #: The header in which HAProxy (or a client) stamps when the request arrived (`request_clock.REQUEST_START_HEADER`).
 START_HEADER = b"x-request-start"
-#: Stamps above these are microseconds, else milliseconds, else seconds (as `request_clock.Received.from_header`).
-MICROSECONDS_ABOVE = 1e14
-MILLISECONDS_ABOVE = 1e11
 
 
 class AnswerRate:
@@ -98,19 +95,31 @@ class AnswerRate:
         return max(rate, max((r for _, r in samples), default=0.0))
 
 
-def stamped_age_s(value: bytes | None, now_wall_s: float) -> float | None:
-    """Seconds since an `X-Request-Start` stamp (`t=` and Unix seconds, milliseconds or microseconds), at least 0;
-    None when there is none or it is not a number (the route answers that)."""
-    if value is None:
-        return None
+#: `X-Request-Start` values above these are microseconds, else milliseconds, else seconds (Unix times of this
+#: century: about 1.7e9 s, 1.7e12 ms, 1.7e15 us).
+MICROSECONDS_ABOVE = 1e14
+MILLISECONDS_ABOVE = 1e11
+
+
+def stamp_unix_s(value: str) -> float | None:
+    """The Unix seconds an `X-Request-Start` value names (`t=` and a Unix time in seconds, milliseconds or
+    microseconds); None when it is not a number."""
     text = value.strip()
-    text = text[2:] if text.startswith(b"t=") else text
+    text = text[2:] if text.startswith("t=") else text
     try:
         stamp = float(text)
     except ValueError:
         return None
-    scale = 1e-6 if stamp > MICROSECONDS_ABOVE else 1e-3 if stamp > MILLISECONDS_ABOVE else 1.0
-    age = now_wall_s - stamp * scale
+    return stamp * (1e-6 if stamp > MICROSECONDS_ABOVE else 1e-3 if stamp > MILLISECONDS_ABOVE else 1.0)
+
+
+def stamped_age_s(value: bytes | None, now_wall_s: float) -> float | None:
+    """Seconds since an `X-Request-Start` stamp (`stamp_unix_s`), at least 0; None when there is none
+    or it is not a number (the route answers that)."""
+    sent_at_s = None if value is None else stamp_unix_s(value.decode("latin-1"))
+    if sent_at_s is None:
+        return None
+    age = now_wall_s - sent_at_s
     return max(0.0, age) if math.isfinite(age) else None
 
 

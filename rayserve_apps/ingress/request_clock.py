@@ -33,6 +33,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Iterator
 
+from rayserve_apps.edge.admission import stamp_unix_s
 from rayserve_apps.requests import RequestError
 
 #: HTTP header in which a client or a proxy stamps when it sent the request on.
@@ -44,12 +45,6 @@ SENT_AT_ARGUMENT = "sent_at_s"
 MAX_CLOCK_AHEAD_S = 1.0
 #: Seconds before its arrival a send time may lie; further back it is not when this request was sent.
 MAX_SENT_BEFORE_S = 3600.0
-#: `X-Request-Start` values above these are microseconds, else milliseconds, else seconds (Unix times of this
-#: century: about 1.7e9 s, 1.7e12 ms, 1.7e15 us).
-MICROSECONDS_ABOVE = 1e14
-MILLISECONDS_ABOVE = 1e11
-
-
 @dataclass(frozen=True)
 class Received:
     monotonic_s: float  # time.monotonic(): the deadline and the latency count from it
@@ -78,16 +73,12 @@ class Received:
         """The clock of an HTTP request with the header `X-Request-Start: value` (now without it)."""
         if value is None:
             return cls.now()
-        text = value.strip()
-        text = text[2:] if text.startswith("t=") else text
-        try:
-            stamp = float(text)
-        except ValueError:
+        sent_at_s = stamp_unix_s(value)
+        if sent_at_s is None:
             raise RequestError(400, "invalid_header",
                                f"{REQUEST_START_HEADER}: {value[:40]!r} is not 't=' and a Unix time",
-                               field=REQUEST_START_HEADER) from None
-        scale = 1e-6 if stamp > MICROSECONDS_ABOVE else 1e-3 if stamp > MILLISECONDS_ABOVE else 1.0
-        return cls.sent_at(stamp * scale, REQUEST_START_HEADER)
+                               field=REQUEST_START_HEADER)
+        return cls.sent_at(sent_at_s, REQUEST_START_HEADER)
 
     def elapsed_ms(self) -> float:
         """Milliseconds since the clock started: the request's latency as the ingress counts it."""
