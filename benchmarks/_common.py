@@ -30,6 +30,8 @@ from typing import Any
 OUT_DIR = Path(__file__).resolve().parent / "out"
 #: Where every benchmark's latest figures are kept, one JSON file per benchmark (committed).
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+#: The repository root: paths under it are recorded relative to it, so a result file reads the same from any checkout.
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def make_parser(description: str | None = None) -> argparse.ArgumentParser:
@@ -66,6 +68,10 @@ def _jsonable(value: Any) -> Any:
         return [_jsonable(item) for item in value]
     if hasattr(value, "item") and callable(value.item):  # numpy scalars
         return _jsonable(value.item())
+    if isinstance(value, (str, Path)) and str(value).startswith(str(REPO_ROOT) + "/"):
+        return Path(value).relative_to(REPO_ROOT).as_posix()
+    if isinstance(value, Path):
+        return str(value)
     return value
 
 

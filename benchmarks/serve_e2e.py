@@ -29,8 +29,10 @@ Figures per mix (under the mix's name): `ratio_vs_infinity_C` and `ratio_vs_plai
 the other side's at C clients), `p50_ms_1_client_plexserve` / `_infinity`, `goodput_ratio_overload_4x`; and the soak's
 `rss_growth` (the largest relative growth of one replica's resident memory) and `p99_growth`. `--merge` keeps the
 mixes of the result file that this run did not measure (one mix per invocation keeps each run short).
+`--median-of N` measures every side N times, in the reverse order on every other run, and reports each figure as the
+median over the runs, with the values per run beside it (`per_run`).
 
-    .venv/bin/python -m benchmarks.serve_e2e --quick
+    .venv/bin/python -m benchmarks.serve_e2e --quick --median-of 3
     .venv/bin/python -m benchmarks.serve_e2e --quick --mixes long --soak-s 0 --merge
 """
 
@@ -44,6 +46,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -441,9 +444,11 @@ def plot(points: list[dict], path: Path) -> None:
             rows = [p for p in points if p["system"] == side and p["mode"] == "closed" and p["mix"] == mix]
             if not rows:
                 continue
-            clients = [p["load"] for p in rows]
-            ax_tp.plot(clients, [p["ok_per_s"] for p in rows], style, label=side)
-            ax_p99.plot(clients, [p["p99_ms"] for p in rows], style, label=side)
+            clients = sorted({p["load"] for p in rows})  # the median over runs at each client count
+            ax_tp.plot(clients, [float(np.median([p["ok_per_s"] for p in rows if p["load"] == count]))
+                                 for count in clients], style, label=side)
+            ax_p99.plot(clients, [float(np.median([p["p99_ms"] for p in rows if p["load"] == count]))
+                                  for count in clients], style, label=side)
         for ax, label in ((ax_tp, "answers/s (200)"), (ax_p99, "p99 of 200 answers (ms)")):
             ax.set_xscale("log", base=2)
             ax.set_xlabel(f"closed-loop clients, {mix} texts")
@@ -821,11 +826,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "becomes this machine's GPUs, the plain app runs on one too)")
     parser.add_argument("--ingress", choices=INGRESS_MODES, nargs="+", default=list(INGRESS_MODES),
                         help="ingress modes to run (fast_ingress: plexserve; serve_proxy: the plain app)")
+    parser.add_argument("--median-of", type=int, default=1,
+                        help="runs of every side, in alternating order; each figure is their median")
     parser.add_argument("--session", choices=INGRESS_MODES, help=argparse.SUPPRESS)
     parser.add_argument("--session-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if any(count < 1 for count in args.clients):
         parser.error(f"--clients: every client count must be >= 1, got {args.clients}")
+    if args.median_of < 1:
+        parser.error(f"--median-of must be >= 1, got {args.median_of}")
     if args.soak_s is None:
         args.soak_s = QUICK_SOAK_S if args.quick else SOAK_S
     if args.soak_s < 0:
@@ -834,10 +843,80 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> None:
+def measure_run(args: argparse.Namespace, run: int) -> tuple[list[dict], dict, str]:
+    """One run of every side: (its points, each tagged with `run`; the compute bound per mix; infinity-emb's note).
+    Odd runs measure the sides in the reverse order, so that a drift of the machine does not favour one side."""
     import json
     import subprocess
     import tempfile
+
+    points: list[dict] = []
+    bounds = {}
+    for mix in args.mixes:
+        log.info("run %d: measuring the in-process compute bound on the %s texts", run + 1, mix)
+        bounds[mix] = compute_bound(make_texts(NUM_TEXTS, mix), seconds=1.0 if args.quick else 5.0)
+    infinity_note = "skipped (--skip-infinity)"
+    if args.device != "cpu":
+        infinity_note = "skipped: measured on the CPU only"
+    steps = ["infinity", *args.ingress]
+    for step in reversed(steps) if run % 2 else steps:
+        if step == "infinity":
+            if args.skip_infinity or args.device != "cpu":
+                continue
+            binary, why = ensure_infinity_venv()
+            if binary is None:
+                infinity_note = f"skipped: its environment {INFINITY_VENV} cannot be made ({why})"
+                log.warning("infinity-emb %s", infinity_note)
+                continue
+            try:
+                points += run_infinity(binary, args, out_dir() / "infinity-emb.log")
+                infinity_note = "measured"
+            except RuntimeError as error:
+                infinity_note = f"skipped: {error}"
+                log.warning("infinity-emb %s", infinity_note)
+            continue
+        if not session_systems(step, args):
+            continue
+        with tempfile.TemporaryDirectory() as folder:
+            out = Path(folder) / "points.json"
+            log.info("run %d, session %s: a Ray of its own (%s)", run + 1, step, INGRESS_MODES[step])
+            subprocess.run([sys.executable, __file__, *session_argv(args, step, out)], env=session_env(step),
+                           check=True)
+            points += json.loads(out.read_text())
+    return [{**point, "run": run} for point in points], bounds, infinity_note
+
+
+def median_of_runs(runs: list[dict]) -> dict:
+    """The figures of several runs as one: each number the median of its values over the runs that have it (in a
+    dict, key by key), anything else the last run's. Every numeric figure of a mix and the soak's growths also keep
+    their values per run, under the mix's `per_run` and the top-level `per_run`."""
+    def median(values: list) -> Any:
+        numbers = [value for value in values if isinstance(value, (int, float)) and not isinstance(value, bool)]
+        if numbers and len(numbers) == len(values):
+            return float(np.median(numbers))
+        if all(isinstance(value, dict) for value in values):
+            keys = dict.fromkeys(key for value in values for key in value)
+            return {key: median([value[key] for value in values if key in value]) for key in keys}
+        return values[-1]
+
+    if len(runs) == 1:
+        return runs[0]
+    merged = median([{key: value for key, value in run.items() if key != "points"} for run in runs])
+    merged["points"] = [point for run in runs for point in run.get("points", [])]
+    merged.update(error_counts(merged["points"]))
+    for mix in MIXES:
+        if isinstance(merged.get(mix), dict):
+            merged[mix]["per_run"] = {key: [run[mix].get(key) for run in runs]
+                                      for key, value in merged[mix].items()
+                                      if isinstance(value, float) and key != "per_run"}
+    merged["per_run"] = {key: [run.get(key) for run in runs] for key in ("rss_growth", "p99_growth")
+                         if key in merged}
+    merged["runs"] = len(runs)
+    return merged
+
+
+def main(argv: list[str] | None = None) -> None:
+    import json
 
     from benchmarks._common import RESULTS_DIR, rerun_command
 
@@ -846,41 +925,18 @@ def main(argv: list[str] | None = None) -> None:
         run_session(args.session, args, args.session_out)
         return
 
-    points: list[dict] = []
-    infinity_note = "skipped (--skip-infinity)"
-    if not args.skip_infinity and args.device == "cpu":
-        binary, why = ensure_infinity_venv()
-        if binary is None:
-            infinity_note = f"skipped: its environment {INFINITY_VENV} cannot be made ({why})"
-            log.warning("infinity-emb %s", infinity_note)
-        else:
-            try:
-                points += run_infinity(binary, args, out_dir() / "infinity-emb.log")
-                infinity_note = "measured"
-            except RuntimeError as error:
-                infinity_note = f"skipped: {error}"
-                log.warning("infinity-emb %s", infinity_note)
-    elif args.device != "cpu":
-        infinity_note = "skipped: measured on the CPU only"
-    bounds = {}
-    for mix in args.mixes:
-        log.info("measuring the in-process compute bound on the %s texts", mix)
-        bounds[mix] = compute_bound(make_texts(NUM_TEXTS, mix), seconds=1.0 if args.quick else 5.0)
-    for ingress in args.ingress:
-        if not session_systems(ingress, args):
-            continue
-        with tempfile.TemporaryDirectory() as folder:
-            out = Path(folder) / "points.json"
-            log.info("session %s: a Ray of its own (%s)", ingress, INGRESS_MODES[ingress])
-            subprocess.run([sys.executable, __file__, *session_argv(args, ingress, out)], env=session_env(ingress),
-                           check=True)
-            points += json.loads(out.read_text())
-
-    figures = run_figures(points, args.mixes, args.clients, bounds)
-    for mix in args.mixes:  # which invocation measured each mix (a merged result holds several)
-        figures[mix]["command"] = rerun_command("serve_e2e", sys.argv if argv is None else ["serve_e2e", *argv])
-    figures.update({"machine": machine_description(), "quick": args.quick, "device": args.device, "points": points,
-                    "infinity_emb": infinity_note, "mixes": args.mixes})
+    command = rerun_command("serve_e2e", sys.argv if argv is None else ["serve_e2e", *argv])
+    runs = []
+    for run in range(args.median_of):
+        points, bounds, infinity_note = measure_run(args, run)
+        figures = run_figures(points, args.mixes, args.clients, bounds)
+        for mix in args.mixes:  # which invocation measured each mix (a merged result holds several)
+            figures[mix]["command"] = command
+        figures.update({"points": points, "infinity_emb": infinity_note})
+        runs.append(figures)
+    figures = median_of_runs(runs)
+    figures.update({"machine": machine_description(), "quick": args.quick, "device": args.device,
+                    "mixes": args.mixes})
     previous_path = RESULTS_DIR / "serve_e2e.json"
     if args.merge and previous_path.exists():
         figures = merge_figures(json.loads(previous_path.read_text())["figures"], figures, args.mixes)

@@ -109,6 +109,27 @@ def test_emit_json_keeps_the_figures_in_a_result_file(tmp_path, monkeypatch, cap
     assert record["date"].endswith("+00:00")
 
 
+def test_result_files_record_paths_inside_the_repository_relative_to_it(tmp_path, monkeypatch, capsys):
+    from benchmarks import _common
+
+    monkeypatch.setattr(_common, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr("sys.argv", [str(ROOT / "benchmarks" / "some_bench.py")])
+    _common.emit_json({"png": str(_common.OUT_DIR / "some_bench.png"), "elsewhere": "/etc/hosts"})
+    record = json.loads((tmp_path / "some_bench.json").read_text())
+    assert record["figures"] == {"png": "benchmarks/out/some_bench.png", "elsewhere": "/etc/hosts"}
+
+    def strings(value):
+        if isinstance(value, dict):
+            return [s for item in value.values() for s in strings(item)]
+        if isinstance(value, list):
+            return [s for item in value for s in strings(item)]
+        return [value] if isinstance(value, str) else []
+
+    for path in sorted((ROOT / "benchmarks" / "results").glob("*.json")):
+        figures = json.loads(path.read_text())["figures"]
+        assert not [s for s in strings(figures) if s.endswith(".png") and s.startswith("/")], path.name
+
+
 def test_check_names_a_page_that_differs_from_what_it_would_write(gen_docs, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(gen_docs, "DOCS", tmp_path)
     (tmp_path / "fresh.md").write_text("same\n")

@@ -149,7 +149,42 @@ def test_a_run_of_some_sides_keeps_the_earlier_figures_of_the_others_and_says_wh
     assert again["long"]["kept_figures"] == long["kept_figures"]
 
 
+def test_three_runs_report_each_figure_as_its_median_and_keep_the_values_per_run():
+    runs = []
+    for plex_16, growth in ((90, 0.3), (60, 0.1), (120, 0.2)):
+        points = [dict(p, ok_per_s=plex_16) if p["system"] == "plexserve" and p["load"] == 16 else p
+                  for p in points_of("short")]
+        figures = e2e.run_figures(points, ["short"], [1, 16, 64], {})
+        figures.update(points=points, rss_growth=growth, p99_growth=growth, infinity_emb="measured",
+                       soak={"p99_growth": growth})
+        figures["short"]["command"] = "python -m benchmarks.serve_e2e --quick --median-of 3"
+        runs.append(figures)
+    merged = e2e.median_of_runs(runs)
+    assert merged["runs"] == 3 and merged["short"]["ratio_vs_plain_16"] == pytest.approx(90 / 60)
+    assert merged["short"]["per_run"]["ratio_vs_plain_16"] == pytest.approx([90 / 60, 60 / 60, 120 / 60])
+    assert merged["p99_growth"] == pytest.approx(0.2) and merged["soak"]["p99_growth"] == pytest.approx(0.2)
+    assert merged["per_run"]["rss_growth"] == pytest.approx([0.3, 0.1, 0.2])
+    assert merged["short"]["command"].endswith("--median-of 3") and merged["infinity_emb"] == "measured"
+    assert len(merged["points"]) == 3 * len(points_of("short"))
+    assert merged["errors_5xx_not_503"] == 3 * e2e.error_counts(points_of("short"))["errors_5xx_not_503"]
+    assert e2e.median_of_runs(runs[:1]) == runs[0]
+
+
+def test_every_other_run_measures_the_sides_in_the_reverse_order(monkeypatch):
+    order = []
+    monkeypatch.setattr(e2e, "compute_bound", lambda texts, seconds: {"texts_per_s": 1.0})
+    monkeypatch.setattr(e2e, "ensure_infinity_venv", lambda: (Path("/venv/bin/infinity_emb"), ""))
+    monkeypatch.setattr(e2e, "run_infinity", lambda binary, args, log: order.append("infinity") or [])
+    monkeypatch.setattr("subprocess.run", lambda argv, **kwargs: order.append(argv[argv.index("--session") + 1])
+                        or Path(argv[argv.index("--session-out") + 1]).write_text("[]"))
+    args = e2e.parse_args(["--quick", "--mixes", "short", "--median-of", "2"])
+    for run in range(args.median_of):
+        e2e.measure_run(args, run)
+    assert order == ["infinity", "serve_proxy", "fast_ingress", "fast_ingress", "serve_proxy", "infinity"]
+
+
 @pytest.mark.parametrize(("argv", "message"), [
+    (["--median-of", "0"], "--median-of must be >= 1, got 0"),
     (["--soak-s", "-1"], "--soak-s must be >= 0, got -1"),
     (["--clients", "0", "16"], "--clients: every client count must be >= 1"),
     (["--mixes", "medium"], "argument --mixes: invalid choice: 'medium'"),
