@@ -11,6 +11,10 @@ policy what it observed (per-model arrival times, from which rate and CV are fit
    current placement: only hosted models change, so no replica restarts);
 4. **replan**: AlpaServe Alg. 2 from scratch (new groups restart their deployments).
 
+Keeping is judged first: when it is predicted within `min_gain` of full attainment, no move can beat it by
+`min_gain` and the others are not made (the search costs the most CPU of a decision, and the controller shares its
+hosts with the models).
+
 **Held-out scoring.** The candidates are *made* on one resample of the fitted traffic (seed `seed`) and *judged*
 on `held_out_resamples` other, independent resamples (seeds `seed + 1`, ...), by the mean attainment: a candidate
 chosen because it fits one draw's bursts (the planner's and the local search's winner's curse) is not credited with
@@ -304,13 +308,19 @@ class ReplanPolicy:
         # The moves are made on at least MIN_HORIZON_S of traffic: a short draw of bursty traffic is a poor basis.
         planning = self.workload(traffic, rates, cvs, duration_s=max(self.horizon(traffic), MIN_HORIZON_S))
         names = traffic.model_names
-        proposals: list[tuple[CandidateName, Placement, str]] = [("keep", current, "")]
-        if len(planning):
-            proposals += self._proposals(current, names, planning)
         held_out = self.held_out(traffic, rates, cvs) if len(planning) else []
         horizon = self.horizon(traffic)
-        candidates = [self._judge(name, placement, move, current, planning, held_out, horizon)
-                      for name, placement, move in proposals]
+        keep = self._judge("keep", current, "", current, planning, held_out, horizon)
+        if 1.0 - keep.through_rollout_attainment < self.min_gain:
+            # No candidate scores above 1, so none can beat keeping by min_gain: the moves are not worth making.
+            return ReplanDecision(
+                traffic=fits, candidates=[keep], chosen="keep", in_sample_choice="keep", predicted_gain=0.0,
+                confirmation_gain=None, horizon_s=horizon, planning_s=time.perf_counter() - started,
+                reason=(f"keeping predicts {keep.through_rollout_attainment:.3f} (held out): the most a move could "
+                        f"gain, {1.0 - keep.through_rollout_attainment:+.3f}, is below min_gain {self.min_gain}"))
+        proposals = self._proposals(current, names, planning) if len(planning) else []
+        candidates = [keep, *(self._judge(name, placement, move, current, planning, held_out, horizon)
+                              for name, placement, move in proposals)]
         chosen, reason = self._choose(candidates, lambda c: c.through_rollout_attainment)
         in_sample, _ = self._choose(candidates, lambda c: c.in_sample_attainment)
         by_name = {c.name: c for c in candidates}

@@ -380,3 +380,12 @@ def test_a_decision_on_the_seconds_since_the_change_fits_the_new_rate_and_moves(
     assert straddling["a"].rate_per_s < 0.6 * since["a"].rate_per_s and straddling["a"].rate_per_s < 10.0
     decision = replan.decide(one_per_device(), observed, fit_window_s=2.5)
     assert decision.chosen != "keep" and decision.predicted_gain >= replan.shift_confirm_below_gain
+
+
+def test_a_placement_predicted_within_min_gain_of_full_attainment_is_kept_without_a_search():
+    """No candidate scores above 1: when keeping is predicted within min_gain of it, the moves are not made."""
+    light = policy().decide(one_per_device(), traffic({"a": 2.0, "b": 2.0, "c": 2.0}))
+    assert light.chosen == "keep" and [c.name for c in light.candidates] == ["keep"]
+    assert light.candidate("keep").through_rollout_attainment > 1.0 - 0.02 and "below min_gain" in light.reason
+    heavy = policy().decide(one_per_device(), traffic({"a": 25.0}))
+    assert [c.name for c in heavy.candidates] == ["keep", "local", "rehost", "replan"]
