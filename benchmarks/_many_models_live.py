@@ -618,9 +618,21 @@ def no_rate_at_goal_message(rate_at_99: dict, lowest_rate: float) -> str | None:
             f"(lowest rate {lowest_rate:g} req/s); lower --live-rate-min (figures kept in the result file)")
 
 
-def median_of(values: list) -> float | None:
-    kept = [v for v in values if v is not None]
-    return float(np.median(kept)) if kept else None
+def median_of(values: list, none_is: str | None = None) -> float | None:
+    """The median of `values`. A None is left out, unless `none_is` says where it ranks: "lowest" (a rate at 99 %
+    that lies below the sweep, and a ratio over it) or "highest" (a recovery the phase ended before); a median that
+    falls on a None (either middle value, for an even count) is None."""
+    if none_is is None:
+        kept = [v for v in values if v is not None]
+        return float(np.median(kept)) if kept else None
+    if none_is not in ("lowest", "highest"):
+        raise ValueError(f"none_is must be 'lowest' or 'highest', got {none_is!r}")
+    if not values:
+        return None
+    low = none_is == "lowest"
+    ranked = sorted(values, key=lambda v: ((v is not None) if low else (v is None), 0.0 if v is None else v))
+    middle = ranked[(len(ranked) - 1) // 2: len(ranked) // 2 + 1]
+    return None if any(v is None for v in middle) else float(np.mean(middle))
 
 
 def plot(curves: dict[str, list], path: Path, title: str) -> Path:

@@ -533,6 +533,8 @@ python -m benchmarks.many_models --median-of 3        # every figure the median 
 python -m benchmarks.many_models --sim-only --quick   # the simulated cluster case alone
 ```
 
+With `--median-of`, every other run measures the systems in the reverse order, and a run whose rate at 99 % lies
+below the sweep counts as the lowest (a median that falls there is reported as none, not as the others' figure).
 Progress goes to stderr, one JSON line to stdout; the figures go to `benchmarks/results/many_models.json` (this
 page and [Benchmarks](benchmarks.md) are rendered from it by `python docs/gen_docs.py`) and the plot of attainment
 against rate to `docs/assets/many_models.png`. Bad input (a model beyond the budget, a rate step coarser than x1.2,

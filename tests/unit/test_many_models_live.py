@@ -209,3 +209,17 @@ def test_combine_compares_rates_at_99_and_attainment_across_systems(case):
     assert got["lost_accepted"] == 0 and got["recovery_s"] == pytest.approx(1.0)
     assert got["faults"]["serve_deployments"]["lost_accepted"] == 2
     assert got["faults"]["serve_multiplexed"]["recovery_s"] is None
+
+
+def test_a_median_counts_a_rate_below_the_sweep_as_the_lowest_and_a_censored_recovery_as_the_highest():
+    from benchmarks._many_models_live import median_of
+
+    assert median_of([None, 20.0, 24.0]) == 22.0  # left out
+    assert median_of([None, 20.0, 24.0], "lowest") == 20.0
+    assert median_of([None, None, 24.0], "lowest") is None
+    assert median_of([None, 1.0, 2.0, 3.0], "lowest") == 1.5
+    assert median_of([None, 1.0, 2.0, 3.0], "highest") == 2.5
+    assert median_of([None, None, 2.0], "highest") is None
+    assert median_of([], "lowest") is None
+    with pytest.raises(ValueError, match="none_is"):
+        median_of([1.0], "middle")
