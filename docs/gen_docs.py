@@ -565,6 +565,12 @@ Serve deployment's replica runs its model in its own process, while a plexserve 
 whose devices are shares of the same few CPU cores, that hop competes with the models for the cores, which the
 simulator (its prediction is beside each live point) does not model.
 
+A device also runs one batch at a time over all the models of its group (`DeviceSlots`, AlpaServe §4.3), as a GPU
+does: a request of a model that computes in milliseconds waits behind the running batch of a model that takes a
+hundred or more. Serve's replicas of the same models are separate processes that the OS time-slices on the shared
+cores, so the short request runs beside the long batch. Under bursts that arrive for several models at once (CV 3),
+plexserve's misses cluster in those moments and fall on every model of the group.
+
 What this machine cannot show is AlpaServe's own gain. Its devices are logical shares of two CPU cores, and a
 model's replica computes on whichever core is idle: one Serve deployment per model already pools the machine's
 compute across models, which is what model parallelism buys on GPUs, where a model on one GPU cannot borrow
