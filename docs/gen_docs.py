@@ -458,7 +458,9 @@ def benchmarks_page() -> str:
         record = json.loads(result.read_text())
         out.append(f"## {name}\n\n{_summary(module)}\n\n")
         out.append(_table(["", ""], [
-            ["run", "quick (`--quick`)" if record.get("quick") else "full"],
+            ["run", ("quick (`--quick`)" if record.get("quick") else "full")
+             + (f", median of {runs} runs" if isinstance(runs := (record.get("figures") or {}).get("runs"), int)
+                and runs > 1 else "")],
             ["machine", record.get("machine", "")], ["date", record.get("date", "")],
             ["commit", f"`{record.get('commit', '')}`"], ["command", f"`{record.get('command', '')}`"],
             ["result file", f"`benchmarks/results/{name}.json`"]]) + "\n")
