@@ -631,8 +631,10 @@ def many_models_page() -> str:
                            "refusals", "failures", "sim: plexserve's placement", "sim: one per device"], rows)
                    + "\n")
         rate_at_99 = figures.get("rate_at_99") or {}
+        at_top = set(figures.get("held_at_top_of_grid") or [])
         out.append("Highest rate at 99 % attainment (req/s): " + ", ".join(
-            f"{system} {_number(rate)}" for system, rate in rate_at_99.items()) + ".\n\n")
+            f"{system} {_number(rate)}" + (" (the sweep's top rate: a lower bound)" if system in at_top else "")
+            for system, rate in rate_at_99.items()) + ".\n\n")
         faults = figures.get("faults") or []
         fault_rows = [[system, f.get("killed"), ", ".join(f.get("models") or []), f.get("lost_accepted"),
                        f.get("in_flight_at_kill"), _number(f.get("recovery_s"))]

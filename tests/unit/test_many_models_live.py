@@ -202,6 +202,7 @@ def test_combine_compares_rates_at_99_and_attainment_across_systems(case):
             "serve_multiplexed": session_result({4.0: 0.95, 4.8: 0.9, 5.76: 0.95}, recovery=None)}
     got = combine(runs, case, settings, with_sim=False)
     assert got["rate_at_99"] == {"plexserve": 5.76, "serve_deployments": 4.0, "serve_multiplexed": None}
+    assert got["held_at_top_of_grid"] == ["plexserve"]  # its rate at 99 % is a lower bound
     assert got["rate_at_99_vs_serve_deployments"] == pytest.approx(1.44)
     assert got["rate_at_99_vs_serve_multiplexed"] is None  # no rate at 99 % to divide by
     assert got["attainment_gain_min"] == pytest.approx(0.0)  # at 4 req/s plexserve ties the better Serve setup
