@@ -843,9 +843,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def measure_run(args: argparse.Namespace, run: int) -> tuple[list[dict], dict, str]:
-    """One run of every side: (its points, each tagged with `run`; the compute bound per mix; infinity-emb's note).
-    Odd runs measure the sides in the reverse order, so that a drift of the machine does not favour one side."""
+def infinity_environment(args: argparse.Namespace) -> tuple[Path | None, str]:
+    """(infinity-emb's command, "") for every run of this invocation, its environment made once
+    (`ensure_infinity_venv`); or (None, why the side is skipped)."""
+    if args.device != "cpu":
+        return None, "skipped: measured on the CPU only"
+    if args.skip_infinity:
+        return None, "skipped (--skip-infinity)"
+    binary, why = ensure_infinity_venv()
+    if binary is None:
+        note = f"skipped: its environment {INFINITY_VENV} cannot be made ({why})"
+        log.warning("infinity-emb %s", note)
+        return None, note
+    return binary, ""
+
+
+def measure_run(args: argparse.Namespace, run: int,
+                infinity: tuple[Path | None, str]) -> tuple[list[dict], dict, str]:
+    """One run of every side (`infinity`: what `infinity_environment` returned): (its points, each tagged with
+    `run`; the compute bound per mix; infinity-emb's note). Odd runs measure the sides in the reverse order, so that
+    a drift of the machine does not favour one side."""
     import json
     import subprocess
     import tempfile
@@ -855,18 +872,11 @@ def measure_run(args: argparse.Namespace, run: int) -> tuple[list[dict], dict, s
     for mix in args.mixes:
         log.info("run %d: measuring the in-process compute bound on the %s texts", run + 1, mix)
         bounds[mix] = compute_bound(make_texts(NUM_TEXTS, mix), seconds=1.0 if args.quick else 5.0)
-    infinity_note = "skipped (--skip-infinity)"
-    if args.device != "cpu":
-        infinity_note = "skipped: measured on the CPU only"
+    binary, infinity_note = infinity
     steps = ["infinity", *args.ingress]
     for step in reversed(steps) if run % 2 else steps:
         if step == "infinity":
-            if args.skip_infinity or args.device != "cpu":
-                continue
-            binary, why = ensure_infinity_venv()
             if binary is None:
-                infinity_note = f"skipped: its environment {INFINITY_VENV} cannot be made ({why})"
-                log.warning("infinity-emb %s", infinity_note)
                 continue
             try:
                 points += run_infinity(binary, args, out_dir() / "infinity-emb.log")
@@ -926,9 +936,10 @@ def main(argv: list[str] | None = None) -> None:
         return
 
     command = rerun_command("serve_e2e", sys.argv if argv is None else ["serve_e2e", *argv])
+    infinity = infinity_environment(args)
     runs = []
     for run in range(args.median_of):
-        points, bounds, infinity_note = measure_run(args, run)
+        points, bounds, infinity_note = measure_run(args, run, infinity)
         figures = run_figures(points, args.mixes, args.clients, bounds)
         for mix in args.mixes:  # which invocation measured each mix (a merged result holds several)
             figures[mix]["command"] = command

@@ -45,6 +45,8 @@ SENT_AT_ARGUMENT = "sent_at_s"
 MAX_CLOCK_AHEAD_S = 1.0
 #: Seconds before its arrival a send time may lie; further back it is not when this request was sent.
 MAX_SENT_BEFORE_S = 3600.0
+
+
 @dataclass(frozen=True)
 class Received:
     monotonic_s: float  # time.monotonic(): the deadline and the latency count from it

@@ -178,8 +178,9 @@ def test_every_other_run_measures_the_sides_in_the_reverse_order(monkeypatch):
     monkeypatch.setattr("subprocess.run", lambda argv, **kwargs: order.append(argv[argv.index("--session") + 1])
                         or Path(argv[argv.index("--session-out") + 1]).write_text("[]"))
     args = e2e.parse_args(["--quick", "--mixes", "short", "--median-of", "2"])
+    infinity = e2e.infinity_environment(args)
     for run in range(args.median_of):
-        e2e.measure_run(args, run)
+        e2e.measure_run(args, run, infinity)
     assert order == ["infinity", "serve_proxy", "fast_ingress", "fast_ingress", "serve_proxy", "infinity"]
 
 
