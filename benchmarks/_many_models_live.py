@@ -509,18 +509,26 @@ if __name__ == "__main__":
 
 # ---- the driver side: sweeps, simulator predictions, figures across systems ----
 
-def sim_predictions(case: LiveCase, workload: Workload) -> dict:
-    """The simulator's SLO attainment on `workload` (the live trace) for plexserve's planned placement (its own
-    simulator settings, with batching) and for one model per device (one Serve deployment per model, replicas in
-    proportion to the load, `placement.alpaserve.serve_baselines`)."""
+@dataclass(frozen=True)
+class SimContext:
+    """What the simulator needs to predict plexserve on the live case: its planned placement, the profiles it was
+    planned from, and the simulated system, batching as plexserve's replicas do and with every request paying the
+    HTTP round trip that each SLO counts (`HTTP_ROUND_TRIP_S`)."""
+
+    case: LiveCase
+    placement: Any
+    profiles: Any
+    config: Any
+
+
+def sim_context(case: LiveCase) -> SimContext:
+    """Plan plexserve's placement for `case` as its application builder does, and the simulator to judge it."""
     import dataclasses
 
     from benchmarks import _serve_many_models_apps as apps
     from placement.alpaserve.batching import MaxBatchWithinSLO
     from placement.alpaserve.deployment_planning import planning_spec
     from placement.alpaserve.plan_spec import prepare, run_planner, simulator_config
-    from placement.alpaserve.serve_baselines import ServeBatching, proportional_deployments, simulate_serve
-    from placement.alpaserve.simulator import simulate
     from placement.core.deployment_spec import parse_spec
 
     plan_spec = planning_spec(parse_spec(case.spec))
@@ -528,8 +536,26 @@ def sim_predictions(case: LiveCase, workload: Workload) -> dict:
     placement = run_planner(plan_spec, profiles, names, planning)
     # plexserve's replicas batch the requests that wait (ConcatBatching; the vision replicas' batches): the
     # prediction batches up to the Serve setups' `@serve.batch` size, within each request's SLO.
-    batched = dataclasses.replace(simulator_config(plan_spec), batching=MaxBatchWithinSLO(apps.MAX_BATCH_SIZE))
-    plex = simulate(placement, profiles, workload, batched).slo_attainment()
+    config = dataclasses.replace(simulator_config(plan_spec), batching=MaxBatchWithinSLO(apps.MAX_BATCH_SIZE),
+                                 request_overhead_s=HTTP_ROUND_TRIP_S)
+    return SimContext(case=case, placement=placement, profiles=profiles, config=config)
+
+
+def answered_latency_s(outcomes: Outcomes) -> np.ndarray:
+    """Per request, its latency where it was answered (HTTP 200), else NaN (refused, failed, timed out)."""
+    return np.where(outcomes.status == 200, outcomes.latency_s, np.nan)
+
+
+def sim_predictions(context: SimContext, workload: Workload) -> dict:
+    """The simulator's SLO attainment on `workload` (the live trace) for plexserve's planned placement and for one
+    model per device (one Serve deployment per model, replicas in proportion to the load,
+    `placement.alpaserve.serve_baselines`), both from the profiles as measured."""
+    from benchmarks import _serve_many_models_apps as apps
+    from placement.alpaserve.serve_baselines import ServeBatching, proportional_deployments, simulate_serve
+    from placement.alpaserve.simulator import simulate
+
+    case, placement, profiles = context.case, context.placement, context.profiles
+    plex = simulate(placement, profiles, workload, context.config).slo_attainment()
     rates = np.bincount(workload.model, minlength=len(case.names)) / max(workload.duration_s, 1e-9)
     layout = proportional_deployments(case.names, profiles, rates, case.num_devices, case.device_memory_bytes)
     batching = ServeBatching(max_batch_size=apps.MAX_BATCH_SIZE, batch_wait_timeout_s=apps.BATCH_WAIT_TIMEOUT_S,
@@ -537,6 +563,24 @@ def sim_predictions(case: LiveCase, workload: Workload) -> dict:
     per_device = simulate_serve(layout, profiles, workload, batching, load_s=0.0).slo_attainment()
     return {"plexserve": float(plex), "one_per_device": float(per_device),
             "placement": [f"{g.num_devices} dev {g.config.key()}: {', '.join(g.models)}" for g in placement.groups]}
+
+
+def calibrated_prediction(context: SimContext, workload: Workload, window: Workload,
+                          window_latency_s: np.ndarray) -> dict:
+    """The prediction plexserve's placement controller makes for `workload`: the profiled service times scaled by
+    the factor at which its simulator reproduces an earlier `window` of live traffic (`window_latency_s`: plexserve's
+    live latency of each of its requests, NaN where not answered), fitted by the controller's own calibration
+    (`placement.alpaserve.service_calibration`) on requests other than those it predicts. Empty when the window
+    pins no factor (too few answered)."""
+    from placement.alpaserve.service_calibration import calibrate_service_scale
+    from placement.alpaserve.simulator import simulate
+    from placement.alpaserve.transition import scaled_profiles
+
+    fitted = calibrate_service_scale(context.placement, context.profiles, window, window_latency_s, context.config)
+    if fitted is None:
+        return {}
+    scaled = simulate(context.placement, scaled_profiles(context.profiles, fitted.scale), workload, context.config)
+    return {"plexserve_calibrated": float(scaled.slo_attainment()), "service_scale": float(fitted.scale)}
 
 
 def swap_rate(loads: list[dict]) -> dict | None:
@@ -560,26 +604,37 @@ def combine(runs: dict[str, dict], case: LiveCase, settings: SessionSettings, wi
     """Figures of one live run of every system: curves (with the simulator's predictions on the same traces), the
     rate at 99 %, the ratios and the fault figures."""
     curves: dict[str, list] = {}
-    gaps = []
+    gaps, uncalibrated_gaps = [], []
+    context = sim_context(case) if with_sim else None
     predictions: dict[float, dict] = {}  # per rate: the traces are the same for every system
     for system, result in runs.items():
         curve = []
-        for point in result["points"]:
+        window = None  # plexserve's previous rate: its trace and live latencies
+        for point in sorted(result["points"], key=lambda p: p["rate_per_s"]):
             outcomes = Outcomes.from_json(point["outcomes"])
             row = {k: v for k, v in point.items() if k != "outcomes"}
             if with_sim:
-                traffic = live_traffic(case, point["rate_per_s"], settings.duration_s, settings.cv,
-                                       settings.popularity_exponent, settings.slo_scale)
+                workload = live_traffic(case, point["rate_per_s"], settings.duration_s, settings.cv,
+                                        settings.popularity_exponent, settings.slo_scale).workload(TRACE_SEED)
                 if point["rate_per_s"] not in predictions:
-                    predictions[point["rate_per_s"]] = sim_predictions(case, traffic.workload(TRACE_SEED))
-                predicted = predictions[point["rate_per_s"]]
-                row["sim"] = predicted
+                    predictions[point["rate_per_s"]] = sim_predictions(context, workload)
+                predicted = dict(predictions[point["rate_per_s"]])
                 if system == "plexserve":
-                    row["sim_abs_gap"] = abs(predicted["plexserve"] - row["attainment"])
+                    # The controller's prediction: fitted on the rate before (none before the first, where it
+                    # predicts from the profiles alone, as the controller does before its first window).
+                    if window is not None:
+                        predicted.update(calibrated_prediction(context, workload, *window))
+                    window = (workload, answered_latency_s(outcomes))
+                    row["sim_abs_gap_uncalibrated"] = abs(predicted["plexserve"] - row["attainment"])
+                    row["sim_abs_gap"] = abs(predicted.get("plexserve_calibrated", predicted["plexserve"])
+                                             - row["attainment"])
+                    uncalibrated_gaps.append(row["sim_abs_gap_uncalibrated"])
                     gaps.append(row["sim_abs_gap"])
                 elif system == "serve_deployments":
                     row["sim_abs_gap"] = abs(predicted["one_per_device"] - row["attainment"])
+                    uncalibrated_gaps.append(row["sim_abs_gap"])
                     gaps.append(row["sim_abs_gap"])
+                row["sim"] = predicted
             del outcomes
             curve.append(row)
         curves[system] = curve
@@ -606,6 +661,7 @@ def combine(runs: dict[str, dict], case: LiveCase, settings: SessionSettings, wi
             "rate_at_99_vs_serve_multiplexed": ratio("serve_multiplexed"),
             "attainment_gain_min": min(gains) if gains else None,
             "sim_live_abs_gap_max": max(gaps) if gaps else None,
+            "sim_live_abs_gap_max_uncalibrated": max(uncalibrated_gaps) if uncalibrated_gaps else None,
             # The bounds are plexserve's: its own fault figures; every system's stay in `faults`.
             "lost_accepted": faults.get("plexserve", {}).get("lost_accepted"),
             "recovery_s": faults.get("plexserve", {}).get("recovery_s"),
@@ -657,6 +713,10 @@ def plot(curves: dict[str, list], path: Path, title: str) -> Path:
                 label="simulator: plexserve's placement")
         ax.plot([p["rate_per_s"] for p in sim], [p["sim"]["one_per_device"] for p in sim], "^:", color="silver",
                 label="simulator: one model per device")
+        calibrated = [p for p in sim if p["sim"].get("plexserve_calibrated") is not None]
+        if calibrated:
+            ax.plot([p["rate_per_s"] for p in calibrated], [p["sim"]["plexserve_calibrated"] for p in calibrated],
+                    "s-.", color="tab:blue", alpha=0.6, label="simulator: plexserve, calibrated at the rate before")
     ax.axhline(ATTAINMENT_GOAL, color="grey", linestyle=":", linewidth=0.8)
     ax.set_xlabel("total rate (requests/s)")
     ax.set_ylabel("SLO attainment")

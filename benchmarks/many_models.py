@@ -8,7 +8,10 @@ Ray of its own, behind Serve's HAProxy ingress (`make serve`'s mode), under the 
 (a custom Ray resource for the Serve setups), driven by one open-loop client at each rate of a sweep on a x1.2 grid
 (`--live-rates` consecutive rates from `--live-rate-min`); then a fault phase in every system kills one replica
 (plexserve: a stage actor of a group; Serve: a model replica). Beside each live point, the simulator's prediction
-on the same trace for plexserve's placement and for one model per device. Then the simulated cluster case below,
+on the same trace for plexserve's placement and for one model per device, from the profiles as measured, and for
+plexserve's placement as its controller predicts it: service times scaled by the factor fitted on plexserve's live
+answers at the rate before (`sim_live_abs_gap_max` judges that prediction at every rate but the first, which has
+no window before it; `sim_live_abs_gap_max_uncalibrated` the profiles alone). Then the simulated cluster case below,
 with multiplexing's swaps at the load rate the multiplexed replicas measured live. Final JSON line:
 `rate_at_99_vs_serve_deployments`, `rate_at_99_vs_serve_multiplexed`, `attainment_gain_min`,
 `sim_live_abs_gap_max`, plexserve's `lost_accepted` and `recovery_s` (medians over `--median-of` runs), the cluster
@@ -455,7 +458,7 @@ def live_comparison(args) -> dict:
             runs.append(live.combine({system: results[system] for system in args.systems}, case,
                                      settings[args.systems[0]]))
     scalars = ("rate_at_99_vs_serve_deployments", "rate_at_99_vs_serve_multiplexed", "attainment_gain_min",
-               "sim_live_abs_gap_max", "lost_accepted", "recovery_s")
+               "sim_live_abs_gap_max", "sim_live_abs_gap_max_uncalibrated", "lost_accepted", "recovery_s")
     # A run whose rate at 99 % lies below the sweep (None) ranks lowest, and a censored recovery highest.
     none_is = {"rate_at_99_vs_serve_deployments": "lowest", "rate_at_99_vs_serve_multiplexed": "lowest",
                "recovery_s": "highest"}
@@ -469,8 +472,8 @@ def live_comparison(args) -> dict:
             row = {key: live.median_of([p[key] for p in points])
                    for key in ("attainment", "goodput_per_s", "p50_s", "p99_s", "refusals", "failures", "requests")}
             if points and "sim" in points[0]:
-                row["sim"] = {key: live.median_of([p["sim"][key] for p in points])
-                              for key in ("plexserve", "one_per_device")}
+                row["sim"] = {key: live.median_of([p["sim"].get(key) for p in points])
+                              for key in ("plexserve", "one_per_device", "plexserve_calibrated", "service_scale")}
                 row["sim_placement"] = points[0]["sim"]["placement"]
             curve.append({"rate_per_s": rate, **row})
         curves[system] = curve

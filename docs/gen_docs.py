@@ -606,7 +606,8 @@ def many_models_page() -> str:
                           [[m["name"], m["kind"], f"`{m['source']}`", _number(m["weight_mib"]),
                             _number(m["slo_ms"])] for m in parameters["models"]]) + "\n")
         headline = ["rate_at_99_vs_serve_deployments", "rate_at_99_vs_serve_multiplexed", "attainment_gain_min",
-                    "sim_live_abs_gap_max", "lost_accepted", "recovery_s", "sim_rate_at_99_vs_multiplexed",
+                    "sim_live_abs_gap_max", "sim_live_abs_gap_max_uncalibrated", "lost_accepted", "recovery_s",
+                    "sim_rate_at_99_vs_multiplexed",
                     "sim_rate_at_99_vs_sr"]
         bounds = {"rate_at_99_vs_serve_deployments": ">= 1.3", "rate_at_99_vs_serve_multiplexed": ">= 1.3",
                   "attainment_gain_min": ">= 0", "sim_live_abs_gap_max": "<= 0.03", "lost_accepted": "= 0",
@@ -626,9 +627,12 @@ def many_models_page() -> str:
                 rows.append([system, _number(point["rate_per_s"]), _number(point["attainment"]),
                              _number(point["goodput_per_s"]), _number(point["p50_s"]), _number(point["p99_s"]),
                              _number(point["refusals"]), _number(point["failures"]),
-                             _number(sim.get("plexserve")), _number(sim.get("one_per_device"))])
+                             _number(sim.get("plexserve")), _number(sim.get("one_per_device")),
+                             _number(sim.get("plexserve_calibrated")) if system == "plexserve" else "",
+                             _number(sim.get("service_scale")) if system == "plexserve" else ""])
         out.append(_table(["system", "rate (req/s)", "attainment", "goodput (/s)", "p50 (s)", "p99 (s)",
-                           "refusals", "failures", "sim: plexserve's placement", "sim: one per device"], rows)
+                           "refusals", "failures", "sim: plexserve's placement", "sim: one per device",
+                           "sim: plexserve, calibrated", "service-time factor"], rows)
                    + "\n")
         rate_at_99 = figures.get("rate_at_99") or {}
         at_top = set(figures.get("held_at_top_of_grid") or [])

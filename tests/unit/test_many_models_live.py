@@ -14,13 +14,17 @@ from repo_paths import REPO_ROOT
 from benchmarks import _serve_many_models_apps as apps
 from benchmarks._many_models_live import (
     MEMORY_RESOURCE,
+    TRACE_SEED,
     Outcomes,
+    answered_latency_s,
+    calibrated_prediction,
     fault_figures,
     figures,
     live_traffic,
     load_case,
     no_rate_at_goal_message,
     rate_at_goal,
+    sim_context,
 )
 from placement.core.workload import Workload
 
@@ -224,3 +228,34 @@ def test_a_median_counts_a_rate_below_the_sweep_as_the_lowest_and_a_censored_rec
     assert median_of([], "lowest") is None
     with pytest.raises(ValueError, match="none_is"):
         median_of([1.0], "middle")
+
+
+def test_calibrated_prediction_recovers_the_live_service_time_factor(case):
+    """A live system whose batches take 2.5x the profiled times: fitted on one rate's answers, the controller's
+    calibration predicts the next rate as that system, where the profiles alone predict far more."""
+    from placement.alpaserve.simulator import SERVED, simulate
+    from placement.alpaserve.transition import scaled_profiles
+
+    context = sim_context(case)
+    slow = scaled_profiles(context.profiles, 2.5)
+
+    def live_at(rate):
+        workload = live_traffic(case, rate, 20.0, 3.0, 1.0, 10.0).workload(TRACE_SEED)
+        result = simulate(context.placement, slow, workload, context.config)
+        latency = np.where(result.status == SERVED, result.finish_s - workload.arrival_s, np.nan)
+        return workload, latency, result.slo_attainment()
+
+    window, window_latency, _ = live_at(40.0)
+    workload, _, live_attainment = live_at(48.0)
+    got = calibrated_prediction(context, workload, window, window_latency)
+    alone = simulate(context.placement, context.profiles, workload, context.config).slo_attainment()
+    assert 2.0 < got["service_scale"] < 3.1
+    assert abs(got["plexserve_calibrated"] - live_attainment) <= 0.03
+    assert alone - live_attainment > 0.05
+
+
+def test_answered_latency_leaves_out_refused_and_failed_requests():
+    outcomes = Outcomes(np.zeros(3, np.int32), np.zeros(3), np.ones(3), np.array([200, 503, 0], np.int32),
+                        np.array([0.2, 0.01, np.nan]))
+    got = answered_latency_s(outcomes)
+    assert got[0] == 0.2 and np.isnan(got[1]) and np.isnan(got[2])
