@@ -492,7 +492,7 @@ def live_comparison(args) -> dict:
     out["png"] = str(live.plot(curves, PNG, f"{len(case.models)} models on {case.num_devices} devices x "
                                              f"{case.device_memory_bytes / 2**20:.0f} MiB (live), CV {args.cv:g}, "
                                              f"SLO x{args.live_slo_scale:g}"))
-    out["held_at_top_of_grid"] = [s for s, rate in out["rate_at_99"].items() if rate is not None and rate >= rates[-1]]
+    out["held_at_top_of_grid"] = live.held_at_top_of_grid(out["rate_at_99"], rates[-1])
     message = live.no_rate_at_goal_message(out["rate_at_99"], rates[0])
     if message:
         out["no_rate_at_99"] = message
