@@ -514,7 +514,15 @@ HTTP and an ingress on this machine. Each rate of the sweep (a x1.2 grid from `-
 **Figures per system and rate**: SLO attainment (answered 200 within the SLO over all requests), goodput, p50 / p99
 of the answered, refusals (429 / 503) and other failures; per system the highest rate up to which it holds 99 %
 attainment. Beside them, the simulator's prediction on the same trace for plexserve's planned placement and for one
-model per device (one Serve deployment per model, `placement/alpaserve/serve_baselines.py`).
+model per device (one Serve deployment per model, `placement/alpaserve/serve_baselines.py`), both from the profiles
+as measured, every plexserve request charged the 30 ms round trip its SLO counts. For plexserve also the prediction
+its placement controller makes: the profiled service times scaled by the factor at which the simulator reproduces
+plexserve's live answers at the rate before (`placement/alpaserve/service_calibration.py`, the controller's own
+calibration, fitted on other requests than those it predicts; the first rate has no rate before it and is predicted
+from the profiles alone, as the controller predicts before its first window). `sim_live_abs_gap_max` is the largest
+difference between that prediction (and, for one deployment per model, the profiles alone) and the live attainment;
+`sim_live_abs_gap_max_uncalibrated` the same with plexserve predicted from the profiles alone. The table gives the
+fitted factor at each rate.
 
 **A fault in every run**: after the sweep, a phase at the lowest rate kills one replica a third of the way in
 (plexserve: a stage actor of its busiest group, by its pid from `GET /v1/placement`; Serve: a model replica,
@@ -565,7 +573,10 @@ Where the placement is the same kind of layout (single-device groups), what diff
 Serve deployment's replica runs its model in its own process, while a plexserve group replica forms the batch
 (SLO admission, TCB packing) and runs it in the model's stage actor, one more process per request. On a machine
 whose devices are shares of the same few CPU cores, that hop competes with the models for the cores, which the
-simulator (its prediction is beside each live point) does not model.
+simulator does not model from the profiles alone. The service-time factor the calibration fits says by how much:
+lone requests and bursts of one model answer in their profiled times (plus the round trip), but under the trace,
+with several models and both devices busy beside the ingress and the group replicas, plexserve's groups answer as
+if their batches took about twice their profiled times (the factor per rate is in the table below).
 
 A device also runs one batch at a time over all the models of its group (`DeviceSlots`, AlpaServe §4.3), as a GPU
 does: a request of a model that computes in milliseconds waits behind the running batch of a model that takes a
