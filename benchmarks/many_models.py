@@ -10,10 +10,10 @@ Ray of its own, behind Serve's HAProxy ingress (`make serve`'s mode), under the 
 (plexserve: a stage actor of a group; Serve: a model replica). Beside each live point, the simulator's prediction
 on the same trace for plexserve's placement and for one model per device, from the profiles as measured, and for
 plexserve's placement as its controller predicts it: service times scaled by the factor fitted on plexserve's live
-answers at the rate before (`sim_live_abs_gap_max` judges that prediction at every rate but the first, which has
-no window before it; `sim_live_abs_gap_max_uncalibrated` the profiles alone). Then the simulated cluster case below,
-with multiplexing's swaps at the load rate the multiplexed replicas measured live. Final JSON line:
-`rate_at_99_vs_serve_deployments`, `rate_at_99_vs_serve_multiplexed`, `attainment_gain_min`,
+answers at the rate before (`sim_live_abs_gap_max` judges that prediction, and the profiles alone at the first
+rate, which has no rate before it; `sim_live_abs_gap_max_uncalibrated` the profiles alone throughout). Then the
+simulated cluster case below, with multiplexing's swaps at the load rate the multiplexed replicas measured live.
+Final JSON line: `rate_at_99_vs_serve_deployments`, `rate_at_99_vs_serve_multiplexed`, `attainment_gain_min`,
 `sim_live_abs_gap_max`, plexserve's `lost_accepted` and `recovery_s` (medians over `--median-of` runs), the cluster
 case's `sim_rate_at_99_vs_multiplexed` and `sim_rate_at_99_vs_sr`; PNG: docs/assets/many_models.png.
 
