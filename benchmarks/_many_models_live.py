@@ -611,7 +611,6 @@ def combine(runs: dict[str, dict], case: LiveCase, settings: SessionSettings, wi
     """Figures of one live run of every system: curves (with the simulator's predictions on the same traces), the
     rate at 99 %, the ratios and the fault figures."""
     curves: dict[str, list] = {}
-    gaps, uncalibrated_gaps = [], []
     context = sim_context(case) if with_sim else None
     predictions: dict[float, dict] = {}  # per rate: the traces are the same for every system
     for system, result in runs.items():
@@ -632,15 +631,6 @@ def combine(runs: dict[str, dict], case: LiveCase, settings: SessionSettings, wi
                     if window is not None:
                         predicted.update(calibrated_prediction(context, workload, *window))
                     window = (workload, answered_latency_s(outcomes))
-                    row["sim_abs_gap_uncalibrated"] = abs(predicted["plexserve"] - row["attainment"])
-                    row["sim_abs_gap"] = abs(predicted.get("plexserve_calibrated", predicted["plexserve"])
-                                             - row["attainment"])
-                    uncalibrated_gaps.append(row["sim_abs_gap_uncalibrated"])
-                    gaps.append(row["sim_abs_gap"])
-                elif system == "serve_deployments":
-                    row["sim_abs_gap"] = abs(predicted["one_per_device"] - row["attainment"])
-                    uncalibrated_gaps.append(row["sim_abs_gap"])
-                    gaps.append(row["sim_abs_gap"])
                 row["sim"] = predicted
             del outcomes
             curve.append(row)
@@ -660,6 +650,7 @@ def combine(runs: dict[str, dict], case: LiveCase, settings: SessionSettings, wi
     faults = {s: r.get("fault") for s, r in runs.items() if r.get("fault")}
     swaps = swap_rate(runs.get("serve_multiplexed", {}).get("loads", []))
     top = max((p["rate_per_s"] for c in curves.values() for p in c), default=None)
+    gaps, uncalibrated_gaps = sim_live_gaps(curves)
     return {"curves": curves, "rate_at_99": held, "held_at_top_of_grid": held_at_top_of_grid(held, top),
             "rate_at_99_vs_serve_deployments": ratio("serve_deployments"),
             "rate_at_99_vs_serve_multiplexed": ratio("serve_multiplexed"),
@@ -671,6 +662,50 @@ def combine(runs: dict[str, dict], case: LiveCase, settings: SessionSettings, wi
             "recovery_s": faults.get("plexserve", {}).get("recovery_s"),
             "faults": faults, "swap": swaps,
             "deploy_s": {s: r.get("deploy_s") for s, r in runs.items()}}
+
+
+def median_curves(runs: list[dict], systems: list[str], rates: list[float]) -> tuple[dict[str, list], float | None]:
+    """The curves of `runs` (each `combine`'s figures) as medians over the runs at each rate, and the largest spread
+    (max - min) of one system's attainment at one rate between the runs (None for one run): every run replays the
+    same traces, so the spread is the machine's run-to-run noise."""
+    curves: dict[str, list] = {}
+    spreads = []
+    for system in systems:
+        curve = []
+        for k, rate in enumerate(rates):
+            points = [run["curves"][system][k] for run in runs if len(run["curves"][system]) > k]
+            if len(points) > 1:
+                spreads.append(max(p["attainment"] for p in points) - min(p["attainment"] for p in points))
+            row = {key: median_of([p[key] for p in points])
+                   for key in ("attainment", "goodput_per_s", "p50_s", "p99_s", "refusals", "failures", "requests")}
+            if points and "sim" in points[0]:
+                row["sim"] = {key: median_of([p["sim"].get(key) for p in points])
+                              for key in ("plexserve", "one_per_device", "plexserve_calibrated", "service_scale")}
+                row["sim_placement"] = points[0]["sim"]["placement"]
+            curve.append({"rate_per_s": rate, **row})
+        curves[system] = curve
+    return curves, max(spreads) if spreads else None
+
+
+def sim_live_gaps(curves: dict[str, list]) -> tuple[list[float], list[float]]:
+    """|predicted - live| attainment at each rate of `curves` (rows with the simulator's predictions under "sim"):
+    plexserve against its controller's prediction (calibrated at the rate before; the profiles alone where there is
+    none) and, uncalibrated, against the profiles alone; one deployment per model against one model per device in
+    both. Returns (gaps, uncalibrated gaps)."""
+    gaps, uncalibrated = [], []
+    for system, curve in curves.items():
+        for row in curve:
+            sim = row.get("sim")
+            if not sim or row.get("attainment") is None:
+                continue
+            if system == "plexserve":
+                calibrated = sim.get("plexserve_calibrated")
+                gaps.append(abs((sim["plexserve"] if calibrated is None else calibrated) - row["attainment"]))
+                uncalibrated.append(abs(sim["plexserve"] - row["attainment"]))
+            elif system == "serve_deployments":
+                gaps.append(abs(sim["one_per_device"] - row["attainment"]))
+                uncalibrated.append(gaps[-1])
+    return gaps, uncalibrated
 
 
 def no_rate_at_goal_message(rate_at_99: dict, lowest_rate: float) -> str | None:

@@ -259,3 +259,31 @@ def test_answered_latency_leaves_out_refused_and_failed_requests():
                         np.array([0.2, 0.01, np.nan]))
     got = answered_latency_s(outcomes)
     assert got[0] == 0.2 and np.isnan(got[1]) and np.isnan(got[2])
+
+
+def test_the_simulator_is_judged_on_the_median_curves_beside_the_runs_spread():
+    """Three runs of the same traces: the gap is taken on the medians per rate, so one run's noise does not pick the
+    largest gap; the spread between the runs is reported beside it."""
+    from benchmarks._many_models_live import median_curves, sim_live_gaps
+
+    def run(plex: list[float], deployments: list[float]) -> dict:
+        def row(attainment, sim):
+            return {"attainment": attainment, "goodput_per_s": 1.0, "p50_s": 0.1, "p99_s": 0.2, "refusals": 0,
+                    "failures": 0, "requests": 100, "sim": {**sim, "placement": ["one group"]}}
+        return {"curves": {
+            "plexserve": [row(plex[0], {"plexserve": 1.0, "one_per_device": 1.0}),
+                          row(plex[1], {"plexserve": 1.0, "one_per_device": 0.98, "plexserve_calibrated": 0.9,
+                                        "service_scale": 2.0})],
+            "serve_deployments": [row(a, {"plexserve": 1.0, "one_per_device": p})
+                                  for a, p in zip(deployments, (1.0, 0.98))]}}
+
+    runs = [run([0.97, 0.90], [1.0, 0.97]), run([0.99, 0.80], [1.0, 0.99]), run([0.98, 0.92], [0.99, 0.98])]
+    curves, spread = median_curves(runs, ["plexserve", "serve_deployments"], [10.0, 12.0])
+    assert [p["attainment"] for p in curves["plexserve"]] == pytest.approx([0.98, 0.90])
+    assert curves["plexserve"][1]["sim"]["plexserve_calibrated"] == pytest.approx(0.9)
+    assert spread == pytest.approx(0.12)  # plexserve at 12 req/s: 0.80 to 0.92
+    gaps, uncalibrated = sim_live_gaps(curves)
+    assert max(gaps) == pytest.approx(0.02)  # the first rate from the profiles alone: 1.0 against 0.98
+    assert max(uncalibrated) == pytest.approx(0.10)  # the profiles alone at 12 req/s: 1.0 against 0.90
+    one_run_gaps, _ = sim_live_gaps(runs[1]["curves"])
+    assert max(one_run_gaps) == pytest.approx(0.10)  # the noisiest run alone: 0.9 against 0.80
