@@ -84,8 +84,13 @@ def benchmark_name() -> str:
     return Path(sys.argv[0]).stem or "benchmark"
 
 
+#: What benchmarks write (result files, plots): a change there is a run's output, not a change of the code it ran.
+OUTPUT_PATHS = ("benchmarks/results", "benchmarks/out", "docs/assets")
+
+
 def git_commit() -> str:
-    """`git rev-parse HEAD` of the repository, with `-dirty` when the working tree has uncommitted changes;
+    """`git rev-parse HEAD` of the repository, with `-dirty` when the working tree has uncommitted changes outside
+    `OUTPUT_PATHS` (a benchmark that writes its plot before its result file must not call its own run dirty);
     `unknown` outside a git checkout."""
     root = Path(__file__).resolve().parent.parent
 
@@ -94,7 +99,8 @@ def git_commit() -> str:
 
     try:
         commit = git("rev-parse", "HEAD")
-        dirty = git("status", "--porcelain", "--untracked-files=no")
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                    *(f":(exclude){path}" for path in OUTPUT_PATHS))
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return commit + ("-dirty" if dirty else "")

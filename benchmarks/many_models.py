@@ -473,7 +473,9 @@ def live_comparison(args) -> dict:
     out["sim_live_abs_gap_max"] = max(gaps) if gaps else None
     out["sim_live_abs_gap_max_uncalibrated"] = max(uncalibrated_gaps) if uncalibrated_gaps else None
     out["attainment_spread_max"] = spread
+    # Each run's own curves (without the per-request outcomes): what a run's outlier is traced back to.
     out.update(curves=curves, runs=len(runs), per_run={key: [run[key] for run in runs] for key in scalars},
+               per_run_curves=[run["curves"] for run in runs] if len(runs) > 1 else [],
                faults=[run["faults"] for run in runs], swap=runs[-1]["swap"],
                deploy_s=[run["deploy_s"] for run in runs],
                parameters={"spec": str(args.spec), "models": [{"name": m.name, "kind": m.kind, "source": m.source,
