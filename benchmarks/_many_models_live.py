@@ -650,13 +650,11 @@ def combine(runs: dict[str, dict], case: LiveCase, settings: SessionSettings, wi
     faults = {s: r.get("fault") for s, r in runs.items() if r.get("fault")}
     swaps = swap_rate(runs.get("serve_multiplexed", {}).get("loads", []))
     top = max((p["rate_per_s"] for c in curves.values() for p in c), default=None)
-    gaps, uncalibrated_gaps = sim_live_gaps(curves)
     return {"curves": curves, "rate_at_99": held, "held_at_top_of_grid": held_at_top_of_grid(held, top),
             "rate_at_99_vs_serve_deployments": ratio("serve_deployments"),
             "rate_at_99_vs_serve_multiplexed": ratio("serve_multiplexed"),
             "attainment_gain_min": min(gains) if gains else None,
-            "sim_live_abs_gap_max": max(gaps) if gaps else None,
-            "sim_live_abs_gap_max_uncalibrated": max(uncalibrated_gaps) if uncalibrated_gaps else None,
+            **sim_live_gap_figures(curves),
             # The bounds are plexserve's: its own fault figures; every system's stay in `faults`.
             "lost_accepted": faults.get("plexserve", {}).get("lost_accepted"),
             "recovery_s": faults.get("plexserve", {}).get("recovery_s"),
@@ -685,6 +683,14 @@ def median_curves(runs: list[dict], systems: list[str], rates: list[float]) -> t
             curve.append({"rate_per_s": rate, **row})
         curves[system] = curve
     return curves, max(spreads) if spreads else None
+
+
+def sim_live_gap_figures(curves: dict[str, list]) -> dict[str, float | None]:
+    """`sim_live_abs_gap_max` and `sim_live_abs_gap_max_uncalibrated` of `curves` (`sim_live_gaps`; None without
+    predictions)."""
+    gaps, uncalibrated = sim_live_gaps(curves)
+    return {"sim_live_abs_gap_max": max(gaps) if gaps else None,
+            "sim_live_abs_gap_max_uncalibrated": max(uncalibrated) if uncalibrated else None}
 
 
 def sim_live_gaps(curves: dict[str, list]) -> tuple[list[float], list[float]]:

@@ -469,10 +469,7 @@ def live_comparison(args) -> dict:
     curves, spread = live.median_curves(runs, args.systems, rates)
     # The simulator is judged against the median curves: one run's noise averages out before the largest gap over
     # the rates is taken (each run's own largest gap stays in `per_run`).
-    gaps, uncalibrated_gaps = live.sim_live_gaps(curves)
-    out["sim_live_abs_gap_max"] = max(gaps) if gaps else None
-    out["sim_live_abs_gap_max_uncalibrated"] = max(uncalibrated_gaps) if uncalibrated_gaps else None
-    out["attainment_spread_max"] = spread
+    out.update(live.sim_live_gap_figures(curves), attainment_spread_max=spread)
     # Each run's own curves (without the per-request outcomes): what a run's outlier is traced back to.
     out.update(curves=curves, runs=len(runs), per_run={key: [run[key] for run in runs] for key in scalars},
                per_run_curves=[run["curves"] for run in runs] if len(runs) > 1 else [],

@@ -264,7 +264,7 @@ def test_answered_latency_leaves_out_refused_and_failed_requests():
 def test_the_simulator_is_judged_on_the_median_curves_beside_the_runs_spread():
     """Three runs of the same traces: the gap is taken on the medians per rate, so one run's noise does not pick the
     largest gap; the spread between the runs is reported beside it."""
-    from benchmarks._many_models_live import median_curves, sim_live_gaps
+    from benchmarks._many_models_live import median_curves, sim_live_gap_figures, sim_live_gaps
 
     def run(plex: list[float], deployments: list[float]) -> dict:
         def row(attainment, sim):
@@ -285,5 +285,7 @@ def test_the_simulator_is_judged_on_the_median_curves_beside_the_runs_spread():
     gaps, uncalibrated = sim_live_gaps(curves)
     assert max(gaps) == pytest.approx(0.02)  # the first rate from the profiles alone: 1.0 against 0.98
     assert max(uncalibrated) == pytest.approx(0.10)  # the profiles alone at 12 req/s: 1.0 against 0.90
+    assert sim_live_gap_figures(curves) == pytest.approx({"sim_live_abs_gap_max": 0.02,
+                                                          "sim_live_abs_gap_max_uncalibrated": 0.10})
     one_run_gaps, _ = sim_live_gaps(runs[1]["curves"])
     assert max(one_run_gaps) == pytest.approx(0.10)  # the noisiest run alone: 0.9 against 0.80
