@@ -5,6 +5,11 @@ what the machine leaves idle (`/proc/stat`'s idle and iowait time since the prev
 itself used in that time (`time.process_time`), shared among this process's batches running at once: one batch on an
 otherwise idle machine computes on every core, and batches of several replicas at once split the cores instead of
 oversubscribing them.
+
+Only a core that was free nearly all the time (`WHOLE_CORE_FRACTION`) gets a thread. torch's OpenMP threads meet at
+a barrier after every operator, so a thread on a core that other processes use in part (the ingress, Ray's own
+processes, other replicas) makes the whole batch wait for it while the threads that wait spin on their own cores:
+the batch is no faster and costs more CPU per text.
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ import torch
 
 from parallel.host_cpu import read_host_cpu_s
 
+#: The share of a core that must have been idle (or this process's own) for the core to get a thread.
+WHOLE_CORE_FRACTION = 0.9
+
 
 def set_torch_threads_for(num_cpus: float) -> int:
     """One torch thread per reserved CPU, at least one (a 0.5-CPU replica computes on one thread)."""
@@ -27,12 +35,13 @@ def set_torch_threads_for(num_cpus: float) -> int:
 
 def threads_for_load(idle_cores: float, own_cores: float, total_cores: int, batches_running: int) -> int:
     """Threads for one batch: the cores idle or used by this process, shared by its `batches_running` batches,
-    rounded to the nearest whole core, between 1 and `total_cores`."""
+    counting a core only when at least `WHOLE_CORE_FRACTION` of it is free, between 1 and `total_cores`."""
     if total_cores < 1:
         raise ValueError(f"total_cores must be >= 1, got {total_cores}")
     available = max(0.0, idle_cores) + max(0.0, own_cores)
     share = available / max(1, batches_running)
-    return max(1, min(total_cores, int(math.floor(share + 0.5))))
+    whole_cores = math.floor(share) + (1 if share - math.floor(share) >= WHOLE_CORE_FRACTION else 0)
+    return max(1, min(total_cores, whole_cores))
 
 
 def read_cpu_idle_s(stat_path: str = "/proc/stat") -> tuple[float, float] | None:

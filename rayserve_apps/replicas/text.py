@@ -8,7 +8,7 @@ in a worker thread, so new calls keep queueing meanwhile. Texts whose deadline p
 are dropped (TCB §5.2) and their call fails with a 503 `deadline_exceeded`; a call that cannot finish in time behind
 the queued texts is refused on arrival with a 503 `overloaded` (`refuse_early`). A text that finds the engine idle
 runs at once (`dispatch_when_idle`); on CPU, packed rows attend per text (`sdpa_segments`, ops/concat_attention.py)
-and torch's threads follow the idle cores before each batch (`rayserve_apps._threads`).
+and torch's threads follow the wholly idle cores before each batch (`rayserve_apps._threads`).
 
 The ingress sends the requests that arrived together in one `embed_batch` call; `embed_token_ids` serves one
 request (handle callers, tests). Custom metrics: tokens per batch, padding fraction, requests per batch, utility

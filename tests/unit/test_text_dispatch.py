@@ -53,7 +53,14 @@ def test_admission_refuses_only_what_cannot_meet_its_deadline():
 
 def test_threads_take_every_idle_core_for_one_batch():
     assert threads_for_load(idle_cores=1.0, own_cores=1.0, total_cores=2, batches_running=1) == 2
-    assert threads_for_load(idle_cores=15.6, own_cores=0.0, total_cores=16, batches_running=1) == 16
+    assert threads_for_load(idle_cores=15.95, own_cores=0.0, total_cores=16, batches_running=1) == 16
+
+
+def test_threads_leave_a_core_that_others_use_in_part():
+    # One thread busy, the other core half used by other processes: a second thread would wait at every barrier.
+    assert threads_for_load(idle_cores=0.5, own_cores=1.0, total_cores=2, batches_running=1) == 1
+    assert threads_for_load(idle_cores=0.92, own_cores=1.0, total_cores=2, batches_running=1) == 2
+    assert threads_for_load(idle_cores=15.6, own_cores=0.0, total_cores=16, batches_running=1) == 15
 
 
 def test_threads_shrink_when_busy_or_shared():
