@@ -9,7 +9,7 @@ oversubscribing them.
 Only a core that was free nearly all the time (`WHOLE_CORE_FRACTION`) gets a thread. torch's OpenMP threads meet at
 a barrier after every operator, so a thread on a core that other processes use in part (the ingress, Ray's own
 processes, other replicas) makes the whole batch wait for it while the threads that wait spin on their own cores:
-the batch is no faster and costs more CPU per text.
+the thread adds more CPU time than it takes off the batch's time, CPU that the other processes on the host lack.
 """
 
 from __future__ import annotations
