@@ -40,8 +40,9 @@ def threads_for_load(idle_cores: float, own_cores: float, total_cores: int, batc
         raise ValueError(f"total_cores must be >= 1, got {total_cores}")
     available = max(0.0, idle_cores) + max(0.0, own_cores)
     share = available / max(1, batches_running)
-    whole_cores = math.floor(share) + (1 if share - math.floor(share) >= WHOLE_CORE_FRACTION else 0)
-    return max(1, min(total_cores, whole_cores))
+    whole = math.floor(share)
+    threads = whole + (1 if share - whole >= WHOLE_CORE_FRACTION else 0)
+    return max(1, min(total_cores, threads))
 
 
 def read_cpu_idle_s(stat_path: str = "/proc/stat") -> tuple[float, float] | None:
