@@ -20,6 +20,7 @@ import datetime
 import json
 import logging
 import math
+import os
 import platform
 import subprocess
 import sys
@@ -51,6 +52,33 @@ def out_dir() -> Path:
     """The folder for PNGs and other generated files, created on first use."""
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     return OUT_DIR
+
+
+def cpu_seconds_by_role(roles: dict[str, tuple[str, ...]], other: str | None = None) -> dict[str, float]:
+    """CPU seconds (user + system) so far of the machine's processes, summed by role: a process belongs to the first
+    role one of whose command-line fragments (Ray's process titles, such as "ServeReplica:APP:DEPLOYMENT") its
+    command line contains; this process is "load_generator"; the rest go to `other` (left out when None). Read from
+    /proc (Linux); empty where /proc is not there. A role's CPU over a span is the difference of two readings."""
+    from parallel.profiler import PROC_ROOT, process_cpu_s
+
+    if not PROC_ROOT.is_dir():
+        return {}
+    totals = {role: 0.0 for role in (*roles, "load_generator", *([other] if other else []))}
+    for entry in PROC_ROOT.glob("[0-9]*"):
+        seconds = process_cpu_s(int(entry.name))
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if seconds is None:
+            continue
+        if int(entry.name) == os.getpid():
+            totals["load_generator"] += seconds
+            continue
+        role = next((r for r, fragments in roles.items() if any(f in command for f in fragments)), other)
+        if role is not None:
+            totals[role] += seconds
+    return totals
 
 
 def machine_description() -> str:

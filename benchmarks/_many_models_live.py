@@ -18,8 +18,9 @@ the weights they may hold.
 The trace (`live_traffic`): per model open-loop Gamma arrivals with CV `cv`, power-law popularity whose ranks
 rotate by half the models at mid-trace (`placement.core.workload.ShiftingPopularity`), each model's SLO `slo_scale`
 x its single-request latency over HTTP (its profiled compute in the spec's profiles plus `HTTP_ROUND_TRIP_S`). Every
-rate of the sweep replays one realisation of it; a fault phase (at the lowest rate) then kills one replica a third
-of the way in.
+rate of the sweep replays one realisation of it, and the CPU the machine spent over each replay is read from /proc
+by process role (`CPU_ROLES`: where a system's CPU per request goes); a fault phase (at the lowest rate) then kills
+one replica a third of the way in.
 
 The pure parts (trace, figures, fault accounting, rate at 99 %) import neither Ray nor torch; the session imports
 them when it runs.
@@ -73,6 +74,16 @@ KILL_AT_FRACTION = 1.0 / 3.0
 #: Requests to the killed replica's models answered within their SLOs after the last miss that count as served
 #: again.
 RECOVERED_AFTER = 3
+#: Processes whose CPU each rate attributes, by fragments of their command lines (Ray's process titles; the first
+#: matching role counts): "models", the processes that run the models (plexserve's stage actors, Serve's model
+#: replicas); "group_replicas", plexserve's group replicas (batch forming, packing, pooling, the stage transport's
+#: owner); "ingress", each system's HTTP ingress deployment. The load generator is the session's own process; all
+#: else (Serve's controller, proxy and HAProxy, Ray's daemons, plexserve's placement controller, the rest of the
+#: machine) is `CPU_OTHER`.
+CPU_ROLES = {"models": ("StageShard", f"ServeReplica:{SERVE_APP}:model-", f"ServeReplica:{SERVE_APP}:mux-"),
+             "group_replicas": (f"ServeReplica:{PLEXSERVE_APP}:group-",),
+             "ingress": (f"ServeReplica:{PLEXSERVE_APP}:Ingress", f"ServeReplica:{SERVE_APP}:ModelsIngress")}
+CPU_OTHER = "other"
 #: Order of the popularity ranks, and the seeds of the realisations replayed per rate / in the fault phase.
 ORDER_SEED, TRACE_SEED, FAULT_SEED = 5, 2, 3
 
@@ -235,6 +246,17 @@ def figures(outcomes: Outcomes, duration_s: float) -> dict:
             "p50_s": float(np.percentile(answered, 50)) if len(answered) else None,
             "p99_s": float(np.percentile(answered, 99)) if len(answered) else None,
             "refusals": refused, "failures": int(n - (outcomes.status == 200).sum() - refused)}
+
+
+def cpu_figures(before: dict[str, float], after: dict[str, float], requests: int, wall_s: float) -> dict | None:
+    """The CPU one replay cost, from two `benchmarks._common.cpu_seconds_by_role` readings around it: milliseconds
+    per request of the trace by role, and the machine's busy cores (every role's CPU seconds over the replay's wall
+    seconds). None without readings (no /proc) or without requests."""
+    if not before or not after or requests <= 0 or wall_s <= 0:
+        return None
+    spent = {role: max(0.0, seconds - before.get(role, 0.0)) for role, seconds in after.items()}
+    return {"ms_per_request": {role: 1e3 * seconds / requests for role, seconds in spent.items()},
+            "busy_cores": sum(spent.values()) / wall_s}
 
 
 def rate_at_goal(curve: list[dict], goal: float = ATTAINMENT_GOAL) -> float | None:
@@ -447,6 +469,7 @@ def session_main(settings: SessionSettings, out: Path) -> None:
     import ray
     from ray import serve
 
+    from benchmarks._common import cpu_seconds_by_role
     from rayserve_apps.control.live_update import apply_config, free_port, local_dashboard_options
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -475,8 +498,11 @@ def session_main(settings: SessionSettings, out: Path) -> None:
         for rate in settings.rates:
             traffic = live_traffic(case, rate, settings.duration_s, settings.cv, settings.popularity_exponent,
                                    settings.slo_scale)
+            cpu_before, replay_started = cpu_seconds_by_role(CPU_ROLES, CPU_OTHER), time.perf_counter()
             outcomes = loop.run_until_complete(client.replay(traffic.workload(TRACE_SEED)))
-            point = {"rate_per_s": rate, **figures(outcomes, settings.duration_s)}
+            cpu = cpu_figures(cpu_before, cpu_seconds_by_role(CPU_ROLES, CPU_OTHER), len(outcomes.status),
+                              time.perf_counter() - replay_started)
+            point = {"rate_per_s": rate, **figures(outcomes, settings.duration_s), "cpu": cpu}
             result["points"].append({**point, "outcomes": outcomes.to_json()})
             log.info("[%s] rate %.2f/s: %s", settings.system, rate,
                      {k: v for k, v in point.items() if k != "outcomes"})
@@ -663,9 +689,9 @@ def combine(runs: dict[str, dict], case: LiveCase, settings: SessionSettings, wi
 
 
 def median_curves(runs: list[dict], systems: list[str], rates: list[float]) -> tuple[dict[str, list], float | None]:
-    """The curves of `runs` (each `combine`'s figures) as medians over the runs at each rate, and the largest spread
-    (max - min) of one system's attainment at one rate between the runs (None for one run): every run replays the
-    same traces, so the spread is the machine's run-to-run noise."""
+    """The curves of `runs` (each `combine`'s figures, CPU per request by role included) as medians over the runs at
+    each rate, and the largest spread (max - min) of one system's attainment at one rate between the runs (None for
+    one run): every run replays the same traces, so the spread is the machine's run-to-run noise."""
     curves: dict[str, list] = {}
     spreads = []
     for system in systems:
@@ -676,6 +702,11 @@ def median_curves(runs: list[dict], systems: list[str], rates: list[float]) -> t
                 spreads.append(max(p["attainment"] for p in points) - min(p["attainment"] for p in points))
             row = {key: median_of([p[key] for p in points])
                    for key in ("attainment", "goodput_per_s", "p50_s", "p99_s", "refusals", "failures", "requests")}
+            cpus = [p["cpu"] for p in points if p.get("cpu")]
+            if cpus:
+                row["cpu"] = {"ms_per_request": {role: median_of([c["ms_per_request"].get(role) for c in cpus])
+                                                 for role in cpus[0]["ms_per_request"]},
+                              "busy_cores": median_of([c["busy_cores"] for c in cpus])}
             if points and "sim" in points[0]:
                 row["sim"] = {key: median_of([p["sim"].get(key) for p in points])
                               for key in ("plexserve", "one_per_device", "plexserve_calibrated", "service_scale")}

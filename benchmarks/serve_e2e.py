@@ -60,7 +60,14 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
-from benchmarks._common import emit_json, machine_description, make_parser, out_dir, setup_logging  # noqa: E402
+from benchmarks._common import (  # noqa: E402
+    cpu_seconds_by_role,
+    emit_json,
+    machine_description,
+    make_parser,
+    out_dir,
+    setup_logging,
+)
 
 #: Client counts of the closed-loop runs.
 CLIENT_COUNTS = (1, 16, 64)
@@ -317,33 +324,10 @@ class LoadGenerator:
         return point
 
 
-#: Processes whose CPU time the overload runs attribute, by a fragment of their command line (Ray's process titles).
-CPU_ROLES = {"haproxy": "bin/haproxy", "proxy": "ProxyActor", "ingress": "plexserve:Ingress",
-             "replicas": "ServeReplica:plexserve:", "stage_actors": "StageShard"}
-
-
-def cpu_seconds_by_role() -> dict[str, float]:
-    """CPU seconds (user + system) so far of Serve's proxy, plexserve's ingress, its other replicas and this
-    process (the load generator), read from /proc (Linux); empty where /proc is not there."""
-    from parallel.profiler import PROC_ROOT, process_cpu_s
-
-    totals = {role: 0.0 for role in (*CPU_ROLES, "load_generator")}
-    for entry in PROC_ROOT.glob("[0-9]*"):
-        seconds = process_cpu_s(int(entry.name))
-        try:
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if seconds is None:
-            continue
-        if int(entry.name) == os.getpid():
-            totals["load_generator"] += seconds
-            continue
-        for role, fragment in CPU_ROLES.items():  # the first matching role: the ingress before other replicas
-            if fragment in command:
-                totals[role] += seconds
-                break
-    return totals
+#: Processes whose CPU time the overload runs attribute, by a fragment of their command line (Ray's process titles);
+#: the first matching role counts, so the ingress before plexserve's other replicas.
+CPU_ROLES = {"haproxy": ("bin/haproxy",), "proxy": ("ProxyActor",), "ingress": ("plexserve:Ingress",),
+             "replicas": ("ServeReplica:plexserve:",), "stage_actors": ("StageShard",)}
 
 
 def _error_type(body: bytes) -> str:
@@ -559,11 +543,12 @@ def run_session(ingress: str, args, out: Path) -> None:
             if "plexserve" in systems and not args.skip_overload:
                 peak = max(p["goodput_per_s"] for p in points if p["system"] == "plexserve" and p["mix"] == mix)
                 for factor in OVERLOAD_FACTORS:
-                    cpu_before = cpu_seconds_by_role()
+                    cpu_before = cpu_seconds_by_role(CPU_ROLES)
                     point = loop.run_until_complete(generator.open_loop(
                         urls["plexserve"], Point("plexserve", "open", factor * peak, duration_s, slo_ms=slo_ms,
                                                  mix=mix), factor * peak, seed=int(factor * 10)))
-                    cpu_s = {role: round(s - cpu_before[role], 2) for role, s in cpu_seconds_by_role().items()}
+                    cpu_s = {role: round(s - cpu_before[role], 2)
+                             for role, s in cpu_seconds_by_role(CPU_ROLES).items() if role in cpu_before}
                     points.append({**point.summary(), "ingress": ingress, "factor": factor, "peak_per_s": peak,
                                    "cpu_s_by_process": cpu_s})
                     log.info("[%s] %s plexserve open loop at %.1fx peak (%.0f/s): %s; CPU s by process %s", ingress,

@@ -512,8 +512,8 @@ HTTP and an ingress on this machine. Each rate of the sweep (a x1.2 grid from `-
 `--quick`) replays one realisation of the trace.
 
 **Figures per system and rate**: SLO attainment (answered 200 within the SLO over all requests), goodput, p50 / p99
-of the answered, refusals (429 / 503) and other failures; per system the highest rate up to which it holds 99 %
-attainment. Beside them, the simulator's prediction on the same trace for plexserve's planned placement and for one
+of the answered, refusals (429 / 503) and other failures, and the CPU the machine spent per request by process
+role (read from /proc around each replay); per system the highest rate up to which it holds 99 % attainment. Beside them, the simulator's prediction on the same trace for plexserve's planned placement and for one
 model per device (one Serve deployment per model, `placement/alpaserve/serve_baselines.py`), both from the profiles
 as measured, every plexserve request charged the 30 ms round trip its SLO counts. For plexserve also the prediction
 its placement controller makes: the profiled service times scaled by the factor at which the simulator reproduces
@@ -577,7 +577,8 @@ Where the placement is the same kind of layout (single-device groups), what diff
 Serve deployment's replica runs its model in its own process, while a plexserve group replica forms the batch
 (SLO admission, TCB packing) and runs it in the model's stage actor, one more process per request. On a machine
 whose devices are shares of the same few CPU cores, that hop competes with the models for the cores, which the
-simulator does not model from the profiles alone. The service-time factor the calibration fits says by how much:
+simulator does not model from the profiles alone; the CPU table below gives, per system, what the models, the group
+replicas, the ingress and the rest of the machine spend per request. The service-time factor the calibration fits says by how much:
 lone requests and bursts of one model answer in their profiled times (plus the round trip), but under the trace,
 with several models and both devices busy beside the ingress and the group replicas, plexserve's groups answer as
 if their batches took about twice their profiled times (the factor per rate is in the table below).
@@ -595,6 +596,34 @@ another's compute (AlpaServe §3.1). The live comparison therefore puts plexserv
 the statistical multiplexing for free; the simulated cluster below (devices with compute of their own, the papers'
 model sizes) is where the gain AlpaServe measures shows.
 """
+
+
+#: The process roles of the many-models CPU table, in its column order (benchmarks/_many_models_live.py's CPU_ROLES).
+MANY_MODELS_CPU_ROLES = (("models", "models"), ("group_replicas", "group replicas"), ("ingress", "ingress"),
+                         ("load_generator", "load generator"), ("other", "other"))
+
+
+def many_models_cpu_table(curves: dict[str, list]) -> str:
+    """CPU per request by process role, per system and rate (empty where the result file has none)."""
+    rows = []
+    for system, curve in curves.items():
+        for point in curve:
+            cpu = point.get("cpu")
+            if not cpu:
+                continue
+            per_request = cpu["ms_per_request"]
+            rows.append([system, _number(point["rate_per_s"]), _number(cpu["busy_cores"]),
+                         *(_number(per_request.get(role)) for role, _ in MANY_MODELS_CPU_ROLES),
+                         _number(sum(v for v in per_request.values() if v is not None))])
+    if not rows:
+        return ""
+    return ("CPU per request of the trace (ms), by process role, and the machine's busy cores over each replay "
+            "(medians over the runs; read from /proc): **models**, the processes that run the models (plexserve's "
+            "stage actors, Serve's model replicas); **group replicas**, plexserve's group replicas (batch forming, "
+            "packing, pooling); **ingress**, each system's HTTP ingress deployment; **other**, Serve's controller, "
+            "proxy and HAProxy, Ray's daemons, plexserve's placement controller and the rest of the machine.\n\n"
+            + _table(["system", "rate (req/s)", "busy cores", *(label for _, label in MANY_MODELS_CPU_ROLES),
+                      "total"], rows) + "\n")
 
 
 def many_models_page() -> str:
@@ -650,6 +679,7 @@ def many_models_page() -> str:
                            "refusals", "failures", "sim: plexserve's placement", "sim: one per device",
                            "sim: plexserve, calibrated", "service-time factor"], rows)
                    + "\n")
+        out.append(many_models_cpu_table(figures["curves"]))
         rate_at_99 = figures.get("rate_at_99") or {}
         at_top = set(figures.get("held_at_top_of_grid") or [])
         out.append("Highest rate at 99 % attainment (req/s): " + ", ".join(

@@ -139,3 +139,13 @@ def test_check_names_a_page_that_differs_from_what_it_would_write(gen_docs, tmp_
     monkeypatch.setattr(gen_docs, "PAGES", pages)
     assert gen_docs.main(["--check"]) == 1
     assert "docs/old.md is stale" in capsys.readouterr().err
+
+
+def test_many_models_cpu_table_lists_each_role_per_system_and_rate(gen_docs):
+    point = {"rate_per_s": 10.0, "cpu": {"busy_cores": 0.5, "ms_per_request": {
+        "models": 30.0, "group_replicas": 7.0, "ingress": 6.0, "load_generator": 1.0, "other": 6.0}}}
+    table = gen_docs.many_models_cpu_table({"plexserve": [point], "serve_deployments": [{"rate_per_s": 10.0}]})
+    rows = [line for line in table.splitlines() if line.startswith("| plexserve")]
+    assert rows == ["| plexserve | 10 | 0.5 | 30 | 7 | 6 | 1 | 6 | 50 |"]
+    assert "serve_deployments" not in table  # a point without CPU readings has no row
+    assert gen_docs.many_models_cpu_table({"plexserve": [{"rate_per_s": 10.0}]}) == ""

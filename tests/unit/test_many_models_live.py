@@ -289,3 +289,54 @@ def test_the_simulator_is_judged_on_the_median_curves_beside_the_runs_spread():
                                                           "sim_live_abs_gap_max_uncalibrated": 0.10})
     one_run_gaps, _ = sim_live_gaps(runs[1]["curves"])
     assert max(one_run_gaps) == pytest.approx(0.10)  # the noisiest run alone: 0.9 against 0.80
+
+
+def test_cpu_is_attributed_to_the_first_matching_role_and_the_rest_to_other(tmp_path, monkeypatch):
+    """Stage actors and Serve's model replicas count as the models; plexserve's group replicas and each system's
+    ingress have roles of their own; this process is the load generator; anything else is "other"."""
+    import os
+
+    from benchmarks import _common
+    from benchmarks._many_models_live import CPU_OTHER, CPU_ROLES
+    from parallel import profiler
+
+    proc = tmp_path / "proc"
+    monkeypatch.setattr(profiler, "PROC_ROOT", proc)
+    monkeypatch.setattr(profiler, "_clock_ticks_per_s", lambda: 100)
+    titles = {11: "ray::StageShard", 12: "ray::ServeReplica:serve-many:model-minilm-a",
+              13: "ray::ServeReplica:plexserve:group-0.handle_request_with_rejection",
+              14: "ray::ServeReplica:plexserve:Ingress", 15: "ray::ServeReplica:serve-many:ModelsIngress",
+              16: "ray::ServeController", os.getpid(): "python -m benchmarks._many_models_live"}
+    for pid, title in titles.items():
+        (proc / str(pid)).mkdir(parents=True)
+        fields = ["S", "1"] + ["0"] * 9 + [str(100 * pid if pid != os.getpid() else 50), "0"] + ["0"] * 10
+        (proc / str(pid) / "stat").write_text(f"{pid} (python) " + " ".join(fields) + "\n")
+        (proc / str(pid) / "cmdline").write_bytes(title.replace(" ", "\0").encode() + b"\0")
+    got = _common.cpu_seconds_by_role(CPU_ROLES, CPU_OTHER)
+    assert got == pytest.approx({"models": 11.0 + 12.0, "group_replicas": 13.0, "ingress": 14.0 + 15.0,
+                                 "load_generator": 0.5, "other": 16.0})
+    assert "other" not in _common.cpu_seconds_by_role(CPU_ROLES)
+    monkeypatch.setattr(profiler, "PROC_ROOT", tmp_path / "absent")
+    assert _common.cpu_seconds_by_role(CPU_ROLES, CPU_OTHER) == {}
+
+
+def test_cpu_figures_give_milliseconds_per_request_and_busy_cores_and_their_medians():
+    from benchmarks._many_models_live import cpu_figures, median_curves
+
+    before = {"models": 10.0, "ingress": 2.0, "other": 5.0}
+    after = {"models": 16.0, "ingress": 3.0, "other": 7.0}
+    cpu = cpu_figures(before, after, requests=200, wall_s=5.0)
+    assert cpu["ms_per_request"] == pytest.approx({"models": 30.0, "ingress": 5.0, "other": 10.0})
+    assert cpu["busy_cores"] == pytest.approx(9.0 / 5.0)
+    assert cpu_figures({}, after, 200, 5.0) is None  # no /proc: no figures
+    assert cpu_figures(before, after, 0, 5.0) is None
+
+    def run(models_ms: float, cores: float) -> dict:
+        row = {"attainment": 1.0, "goodput_per_s": 1.0, "p50_s": 0.1, "p99_s": 0.2, "refusals": 0, "failures": 0,
+               "requests": 100, "cpu": {"ms_per_request": {"models": models_ms, "ingress": 5.0}, "busy_cores": cores}}
+        return {"curves": {"plexserve": [row]}}
+
+    curves, _ = median_curves([run(30.0, 1.2), run(40.0, 1.5), run(35.0, 1.4)], ["plexserve"], [10.0])
+    median = curves["plexserve"][0]["cpu"]
+    assert median["ms_per_request"] == pytest.approx({"models": 35.0, "ingress": 5.0})
+    assert median["busy_cores"] == pytest.approx(1.4)
