@@ -9,7 +9,10 @@ Serve's REST API as a config (as `serve deploy` does), and driven by the same op
 * `serve_deployments`: one Serve deployment per model (`@serve.batch`, `autoscaling_config`),
   `benchmarks/_serve_many_models_apps.py`;
 * `serve_multiplexed`: one `@serve.multiplexed` deployment per architecture, models loaded from local disk on
-  demand, same module.
+  demand, same module;
+* `plexserve_per_model` (on request): the same spec without its planning, placement and controller, which plexserve
+  serves as one single-model deployment per model (its text and vision replicas): Serve's one-deployment-per-model
+  layout on plexserve's request path, which tells the layout's share of a difference from the request path's.
 
 The per-device memory budget of the spec binds all three: plexserve's planner places within it; the Serve setups'
 replicas request the custom Ray resource `device_memory_bytes` (the node holds devices x budget) in proportion to
@@ -48,7 +51,7 @@ from placement.core.workload import ShiftingPopularity, Workload
 log = logging.getLogger("many_models")
 
 REPO = Path(__file__).resolve().parent.parent
-SYSTEMS = ("plexserve", "serve_deployments", "serve_multiplexed")
+SYSTEMS = ("plexserve", "serve_deployments", "serve_multiplexed", "plexserve_per_model")
 #: Serve applications' names in the sessions.
 PLEXSERVE_APP, SERVE_APP = "plexserve", "serve-many"
 #: The custom Ray resource that stands for device memory in the Serve setups' Rays (bytes).
@@ -75,12 +78,13 @@ KILL_AT_FRACTION = 1.0 / 3.0
 #: again.
 RECOVERED_AFTER = 3
 #: Processes whose CPU each rate attributes, by fragments of their command lines (Ray's process titles; the first
-#: matching role counts): "models", the processes that run the models (plexserve's stage actors, Serve's model
-#: replicas); "group_replicas", plexserve's group replicas (batch forming, packing, pooling, the stage transport's
-#: owner); "ingress", each system's HTTP ingress deployment. The load generator is the session's own process; all
-#: else (Serve's controller, proxy and HAProxy, Ray's daemons, plexserve's placement controller, the rest of the
-#: machine) is `CPU_OTHER`.
-CPU_ROLES = {"models": ("StageShard", f"ServeReplica:{SERVE_APP}:model-", f"ServeReplica:{SERVE_APP}:mux-"),
+#: matching role counts): "models", the processes that run the models (plexserve's stage actors and single-model
+#: replicas, Serve's model replicas); "group_replicas", plexserve's group replicas (batch forming, packing, pooling, the
+#: stage transport's owner); "ingress", each system's HTTP ingress deployment. The load generator is the session's own
+#: process; all else (Serve's controller, proxy and HAProxy, Ray's daemons, plexserve's placement controller, the rest
+#: of the machine) is `CPU_OTHER`.
+CPU_ROLES = {"models": ("StageShard", f"ServeReplica:{SERVE_APP}:model-", f"ServeReplica:{SERVE_APP}:mux-",
+                        f"ServeReplica:{PLEXSERVE_APP}:model-"),
              "group_replicas": (f"ServeReplica:{PLEXSERVE_APP}:group-",),
              "ingress": (f"ServeReplica:{PLEXSERVE_APP}:Ingress", f"ServeReplica:{SERVE_APP}:ModelsIngress")}
 CPU_OTHER = "other"
@@ -404,6 +408,12 @@ def run_system(settings: SessionSettings, out: Path, timeout_s: float) -> dict:
     return json.loads(out.read_text())
 
 
+def per_model_spec(spec: dict) -> dict:
+    """`spec` without its planning, placement and controller: plexserve then serves every model in a single-model
+    deployment of its own (`rayserve_apps/app.py`)."""
+    return {k: v for k, v in spec.items() if k not in ("planning", "placement", "controller")}
+
+
 def application(system: str, case: LiveCase, load_log: str) -> dict:
     """The Serve config application that deploys `system` for `case`."""
     from placement.core.deployment_spec import parse_spec
@@ -411,6 +421,8 @@ def application(system: str, case: LiveCase, load_log: str) -> dict:
 
     if system == "plexserve":
         return application_config(parse_spec(case.spec), name=PLEXSERVE_APP)
+    if system == "plexserve_per_model":
+        return application_config(parse_spec(per_model_spec(case.spec)), name=PLEXSERVE_APP)
     from benchmarks import _serve_many_models_apps as apps
 
     args = apps.app_args(case, multiplexed=system == "serve_multiplexed", load_log=load_log)
@@ -421,9 +433,9 @@ def application(system: str, case: LiveCase, load_log: str) -> dict:
 
 def kill_one_replica(system: str, case: LiveCase, base_url: str, hottest: list[str]) -> tuple[str, set[str]]:
     """Kill one replica mid-run, one that hosts the hottest model it can (`hottest`: the models, hottest first):
-    plexserve, a stage actor of a group (SIGKILL on a pid the app's `GET /v1/placement` lists); Serve, a model
-    replica (`ray.kill` on the replica actor, found through Ray's public state API). Returns what was killed and the
-    models it hosted."""
+    plexserve, a stage actor of a group (SIGKILL on a pid the app's `GET /v1/placement` lists); the Serve setups and
+    plexserve_per_model, a model replica (`ray.kill` on the replica actor, found through Ray's public state API).
+    Returns what was killed and the models it hosted."""
     import ray
 
     if system == "plexserve":
@@ -445,9 +457,10 @@ def kill_one_replica(system: str, case: LiveCase, base_url: str, hottest: list[s
 
     from benchmarks import _serve_many_models_apps as apps
 
+    app = PLEXSERVE_APP if system == "plexserve_per_model" else SERVE_APP
     replicas = [a for a in list_actors(filters=[("state", "=", "ALIVE")], limit=1000)
-                if (a.class_name or "").startswith(f"ServeReplica:{SERVE_APP}:")
-                and not a.class_name.endswith(apps.INGRESS_NAME)]
+                if (a.class_name or "").startswith(f"ServeReplica:{app}:model-")
+                or (a.class_name or "").startswith(f"ServeReplica:{app}:mux-")]
     if not replicas:
         raise RuntimeError("no Serve model replica to kill")
     multiplexed = system == "serve_multiplexed"

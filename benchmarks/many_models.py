@@ -3,7 +3,8 @@
 Without `--sim-only` the run has two parts. The live comparison (steps 1-4, `benchmarks/_many_models_live.py`):
 the spec's models (`--spec`, default configs/many_models.yaml) served by plexserve (planner and controller on), by
 one Ray Serve deployment per model (`@serve.batch`, autoscaling) and by Ray Serve model multiplexing
-(`@serve.multiplexed`, models loaded from local disk on demand; `benchmarks/_serve_many_models_apps.py`), each in a
+(`@serve.multiplexed`, models loaded from local disk on demand; `benchmarks/_serve_many_models_apps.py`) and, when
+`--systems` names it, by plexserve with one single-model deployment per model (`plexserve_per_model`), each in a
 Ray of its own, behind Serve's HAProxy ingress (`make serve`'s mode), under the spec's per-device memory budget
 (a custom Ray resource for the Serve setups), driven by one open-loop client at each rate of a sweep on a x1.2 grid
 (`--live-rates` consecutive rates from `--live-rate-min`); then a fault phase in every system kills one replica
@@ -95,6 +96,8 @@ log = logging.getLogger("many_models")
 SYSTEMS = ("plexserve", "sr", "serve_deployments", "serve_multiplexed")
 #: The live systems (benchmarks/_many_models_live.py).
 LIVE_SYSTEMS = ("plexserve", "serve_deployments", "serve_multiplexed")
+#: Live systems run only when `--systems` names them (benchmarks/_many_models_live.py).
+OPTIONAL_LIVE_SYSTEMS = ("plexserve_per_model",)
 #: The attainment each system must hold (AlpaServe §6.2's measure) and the issue's bound on the rate ratios.
 ATTAINMENT_GOAL = 0.99
 RATIO_BOUND = 2.0
@@ -359,8 +362,10 @@ def parse_args():
                           f"{PCIE3_HOST_TO_DEVICE_BYTES_PER_S / 1e9:g} GB/s)")
     live = parser.add_argument_group("live comparison")
     live.add_argument("--spec", type=Path, default=LIVE_SPEC, help="the many-model spec (Serve config or bare spec)")
-    live.add_argument("--systems", nargs="*", default=list(LIVE_SYSTEMS), choices=LIVE_SYSTEMS,
-                      help="live systems to run (default: all three)")
+    live.add_argument("--systems", nargs="*", default=list(LIVE_SYSTEMS),
+                      choices=LIVE_SYSTEMS + OPTIONAL_LIVE_SYSTEMS,
+                      help="live systems to run (default: the three; plexserve_per_model adds the spec served "
+                           "without its planning, one plexserve deployment per model)")
     live.add_argument("--live-rate-min", type=float, default=LIVE_RATE_MIN, help="lowest live rate, req/s")
     live.add_argument("--live-rate-step", type=float, default=RATE_STEP,
                       help=f"factor between live rates, at most {MAX_RATE_STEP}")

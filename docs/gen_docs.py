@@ -498,6 +498,11 @@ deployed from a Serve config through Serve's REST API:
   local disk on demand, `@serve.multiplexed(max_num_models_per_replica=k)` with k = the models of that architecture
   one device holds; requests carry their model id (`multiplexed_model_id`); a model alone in its architecture gets a
   deployment of its own.
+- **plexserve, one deployment per model** (`plexserve_per_model`, run when `--systems` names it): the same spec
+  without its planning, placement and controller, which plexserve serves as one single-model deployment per model
+  (its ConcatBatching text replica, its vision replica). It is Serve's one-deployment-per-model layout on
+  plexserve's request path, so beside the others it separates what the layout accounts for from what the request
+  path does.
 
 The same per-device memory budget (the spec's `cluster.device_memory_bytes`, what a GPU's memory stands for) binds
 all three. plexserve's planner places within it; for the Serve setups the benchmark's Ray declares a custom
@@ -512,10 +517,11 @@ HTTP and an ingress on this machine. Each rate of the sweep (a x1.2 grid from `-
 `--quick`) replays one realisation of the trace.
 
 **Figures per system and rate**: SLO attainment (answered 200 within the SLO over all requests), goodput, p50 / p99
-of the answered, refusals (429 / 503) and other failures, and the CPU the machine spent per request by process
-role (read from /proc around each replay); per system the highest rate up to which it holds 99 % attainment. Beside them, the simulator's prediction on the same trace for plexserve's planned placement and for one
-model per device (one Serve deployment per model, `placement/alpaserve/serve_baselines.py`), both from the profiles
-as measured, every plexserve request charged the 30 ms round trip its SLO counts. For plexserve also the prediction
+of the answered, refusals (429 / 503) and other failures, and the CPU the machine spent per request by process role
+(read from /proc around each replay); per system the highest rate up to which it holds 99 % attainment. Beside them,
+the simulator's prediction on the same trace for plexserve's planned placement and for one model per device (one
+Serve deployment per model, `placement/alpaserve/serve_baselines.py`), both from the profiles as measured, every
+plexserve request charged the 30 ms round trip its SLO counts. For plexserve also the prediction
 its placement controller makes: the profiled service times scaled by the factor at which the simulator reproduces
 plexserve's live answers at the rate before (`placement/alpaserve/service_calibration.py`, the controller's own
 calibration, fitted on other requests than those it predicts; the first rate has no rate before it and is predicted
@@ -544,6 +550,8 @@ multiplexed replicas measured live, which is the bridge between the two parts.
 ```
 python -m benchmarks.many_models --quick              # three rates, one run of each system, at most 12 minutes
 python -m benchmarks.many_models --median-of 3        # every figure the median of three runs
+python -m benchmarks.many_models --median-of 3 --systems plexserve serve_deployments serve_multiplexed \
+    plexserve_per_model                              # and plexserve with one deployment per model
 python -m benchmarks.many_models --sim-only --quick   # the simulated cluster case alone
 ```
 
@@ -574,14 +582,14 @@ traffic with CV below 3, a sweep on which a system never holds 99 %) ends with a
   moves models when the hot set changes. The figures below say where this pays on this machine.
 
 Where the placement is the same kind of layout (single-device groups), what differs live is the request path: a
-Serve deployment's replica runs its model in its own process, while a plexserve group replica forms the batch
-(SLO admission, TCB packing) and runs it in the model's stage actor, one more process per request. On a machine
-whose devices are shares of the same few CPU cores, that hop competes with the models for the cores, which the
-simulator does not model from the profiles alone; the CPU table below gives, per system, what the models, the group
-replicas, the ingress and the rest of the machine spend per request. The service-time factor the calibration fits says by how much:
-lone requests and bursts of one model answer in their profiled times (plus the round trip), but under the trace,
-with several models and both devices busy beside the ingress and the group replicas, plexserve's groups answer as
-if their batches took about twice their profiled times (the factor per rate is in the table below).
+Serve deployment's replica runs its model in its own process, while a plexserve group replica forms the batch (SLO
+admission, TCB packing) and runs it in the model's stage actor, one more process per request. On a machine whose
+devices are shares of the same few CPU cores, that hop competes with the models for the cores, which the simulator
+does not model from the profiles alone; the CPU table below gives, per system, what the models, the group replicas,
+the ingress and the rest of the machine spend per request. The service-time factor the calibration fits says by how
+much: lone requests and bursts of one model answer in their profiled times (plus the round trip), but under the
+trace, with several models and both devices busy beside the ingress and the group replicas, plexserve's groups
+answer as if their batches took about twice their profiled times (the factor per rate is in the table below).
 
 A device also runs one batch at a time over all the models of its group (`DeviceSlots`, AlpaServe §4.3), as a GPU
 does: a request of a model that computes in milliseconds waits behind the running batch of a model that takes a

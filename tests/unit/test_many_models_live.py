@@ -340,3 +340,19 @@ def test_cpu_figures_give_milliseconds_per_request_and_busy_cores_and_their_medi
     median = curves["plexserve"][0]["cpu"]
     assert median["ms_per_request"] == pytest.approx({"models": 35.0, "ingress": 5.0})
     assert median["busy_cores"] == pytest.approx(1.4)
+
+
+def test_plexserve_per_model_serves_the_spec_without_planning_as_one_deployment_per_model(case):
+    """The optional system drops the spec's planning, placement and controller, so that plexserve's builder binds a
+    single-model deployment per model; its models and budget stay as the user wrote them."""
+    from benchmarks._many_models_live import application, per_model_spec
+    from placement.core.deployment_spec import parse_spec
+
+    args = application("plexserve_per_model", case, load_log="")["args"]
+    assert not {"planning", "placement", "controller"} & set(per_model_spec(case.spec))
+    assert not {"planning", "placement", "controller"} & set(args)
+    spec = parse_spec(args)
+    assert spec.placement is None and spec.planning is None and not spec.controller_enabled()
+    assert [m.name for m in spec.models] == list(case.names)
+    assert spec.cluster.device_memory_bytes == case.device_memory_bytes
+    assert "planning" in application("plexserve", case, load_log="")["args"]
