@@ -626,10 +626,12 @@ def many_models_cpu_table(curves: dict[str, list]) -> str:
     if not rows:
         return ""
     return ("CPU per request of the trace (ms), by process role, and the machine's busy cores over each replay "
-            "(medians over the runs; read from /proc): **models**, the processes that run the models (plexserve's "
-            "stage actors, Serve's model replicas); **group replicas**, plexserve's group replicas (batch forming, "
-            "packing, pooling); **ingress**, each system's HTTP ingress deployment; **other**, Serve's controller, "
-            "proxy and HAProxy, Ray's daemons, plexserve's placement controller and the rest of the machine.\n\n"
+            "(medians over the runs; read from /proc; what the processes spend while idle is included, so a low rate "
+            "costs more per request): **models**, the processes that run the models (plexserve's stage actors and "
+            "single-model replicas, Serve's model replicas); **group replicas**, plexserve's group replicas (batch "
+            "forming, packing, pooling); **ingress**, each system's HTTP ingress deployment; **other**, Serve's "
+            "controller, proxy and HAProxy, Ray's daemons, plexserve's placement controller and the rest of the "
+            "machine.\n\n"
             + _table(["system", "rate (req/s)", "busy cores", *(label for _, label in MANY_MODELS_CPU_ROLES),
                       "total"], rows) + "\n")
 
