@@ -177,7 +177,7 @@ def configuration_page() -> str:
            "(`models.0.slo_ms: Input should be greater than 0`). The JSON schema: `python -m placement schema`. "
            "For what the sections do, see [the deployment spec guide](../guide/spec.md).\n\n"]
     for path, model in spec_models():
-        doc = (model.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+        doc = " ".join((model.__doc__ or "").strip().split("\n\n")[0].split())
         out.append(f"## {model.__name__}\n\n")
         out.append(f"Where: `{path}`. {doc}\n\n")
         rows = []

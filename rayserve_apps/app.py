@@ -107,15 +107,30 @@ def _bind_group(spec: DeploymentSpec, index: int, group: GroupPlacement | None, 
     ).bind(group_deployment_name(index), spec.cluster.device_resource)
 
 
+def model_deployment_options(model: ModelSpec, device_resource: str) -> dict[str, Any]:
+    """Serve options of `model`'s single-model deployment (text or vision replica): its name, queue bound, actor
+    resources, and either its fixed `num_replicas` or Serve's `autoscaling_config` from `model.autoscaling`."""
+    options: dict[str, Any] = dict(name=model_deployment_name(model.name),
+                                   max_queued_requests=model.max_queued_requests,
+                                   ray_actor_options=model_actor_options(model, device_resource))
+    if model.autoscaling is not None:
+        options["autoscaling_config"] = model.autoscaling.serve_config()
+    else:
+        options["num_replicas"] = model.num_replicas
+    return options
+
+
 def _bind_model(spec: DeploymentSpec, model: ModelSpec) -> Application:
     """The single-model deployment of `model`: Arlo's polymorphing runtimes if its spec asks for them, else the
-    ConcatBatching text replica or the vision replica."""
+    ConcatBatching text replica or the vision replica, with `num_replicas` or Serve's autoscaling."""
     name = model_deployment_name(model.name)
     if polymorphing_params(spec, model.name) is not None:
+        if model.autoscaling is not None:
+            raise ValueError(f"model {model.name!r}: autoscaling does not apply to a polymorphing model (Arlo sizes "
+                             "its runtimes; see polymorphing.params.autoscaling)")
         return bind_polymorph_model(model, spec.policy("polymorphing", model.name).params, name,  # type: ignore[union-attr]
                                     device_resource=spec.cluster.device_resource)
-    options = dict(name=name, num_replicas=model.num_replicas, max_queued_requests=model.max_queued_requests,
-                   ray_actor_options=model_actor_options(model, spec.cluster.device_resource))
+    options = model_deployment_options(model, spec.cluster.device_resource)
     if model.kind == "text":
         batching = spec.policy("batching", model.name)
         limit = model.max_input_length_tokens or load_text_tokenizer(model.source).max_length

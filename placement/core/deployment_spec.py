@@ -37,6 +37,44 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class ReplicaAutoscalingSpec(_Strict):
+    """Ray Serve autoscaling of a model's single-model deployment (Serve's `autoscaling_config`): Serve adds replicas
+    while the requests ongoing per replica exceed the target and removes them when they fall below it, between the
+    bounds. Device groups do not autoscale: the planner and the placement controller size them."""
+
+    min_replicas: int = Field(default=1, ge=0, le=64,
+                              description="Fewest replicas (0: the deployment scales to zero when idle).")
+    max_replicas: int = Field(default=4, ge=1, le=64, description="Most replicas.")
+    initial_replicas: int | None = Field(default=None, ge=0, le=64,
+                                         description="Replicas at deploy time; null: min_replicas.")
+    target_ongoing_requests: float = Field(default=2.0, gt=0,
+                                           description="Requests ongoing per replica that Serve scales towards.")
+    upscale_delay_s: float = Field(default=30.0, ge=0,
+                                   description="How long the load must call for more replicas before Serve adds them, "
+                                               "in seconds.")
+    downscale_delay_s: float = Field(default=600.0, ge=0,
+                                     description="How long the load must call for fewer replicas before Serve removes "
+                                                 "them, in seconds.")
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> "ReplicaAutoscalingSpec":
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) exceeds max_replicas ({self.max_replicas})")
+        if self.initial_replicas is not None and not self.min_replicas <= self.initial_replicas <= self.max_replicas:
+            raise ValueError(f"initial_replicas ({self.initial_replicas}) lies outside [min_replicas, max_replicas] "
+                             f"= [{self.min_replicas}, {self.max_replicas}]")
+        return self
+
+    def serve_config(self) -> dict[str, Any]:
+        """Serve's `autoscaling_config` for these settings."""
+        config = {"min_replicas": self.min_replicas, "max_replicas": self.max_replicas,
+                  "target_ongoing_requests": self.target_ongoing_requests,
+                  "upscale_delay_s": self.upscale_delay_s, "downscale_delay_s": self.downscale_delay_s}
+        if self.initial_replicas is not None:
+            config["initial_replicas"] = self.initial_replicas
+        return config
+
+
 class ModelSpec(_Strict):
     """One served model."""
 
@@ -83,6 +121,10 @@ class ModelSpec(_Strict):
                     "it.",
     )
     num_replicas: int = Field(default=1, ge=1, le=64, description="Replicas of the model deployment.")
+    autoscaling: ReplicaAutoscalingSpec | None = Field(
+        default=None,
+        description="Serve autoscaling of the model's single-model deployment, in place of num_replicas; null: a "
+                    "fixed num_replicas. Unused while the model is in a device group.")
     num_cpus_per_replica: float = Field(default=0.5, gt=0, description="Logical CPUs reserved by each replica.")
     device_share_per_replica: float | None = Field(
         default=None, gt=0, le=1,
@@ -109,6 +151,9 @@ class ModelSpec(_Strict):
 
     @model_validator(mode="after")
     def _check_kind_fields(self) -> "ModelSpec":
+        if self.autoscaling is not None and "num_replicas" in self.model_fields_set:
+            raise ValueError("num_replicas and autoscaling exclude each other: autoscaling sizes the deployment "
+                             "between autoscaling.min_replicas and autoscaling.max_replicas")
         if self.kind == "vision":
             if not self.source.startswith("timm:"):
                 raise ValueError("vision models need source 'timm:<architecture>'")

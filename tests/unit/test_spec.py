@@ -86,3 +86,18 @@ def test_controller_without_placement_needs_a_polymorphing_model():
     arlo = {"polymorphing": {"name": "arlo", "params": {"capacities": {16: 2, 64: 8}}}}
     spec = parse_spec({"models": [{**text, "policies": arlo}], "controller": {}})  # runtime allocation only
     assert spec.controller_enabled() and spec.placement is None
+
+
+def test_autoscaling_replaces_num_replicas_and_checks_its_bounds():
+    spec = parse_spec({"models": [{**MINILM, "autoscaling": {"min_replicas": 1, "max_replicas": 3}}]})
+    assert spec.models[0].autoscaling.serve_config() == {
+        "min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 2.0, "upscale_delay_s": 30.0,
+        "downscale_delay_s": 600.0}
+    with pytest.raises(ValueError, match="num_replicas and autoscaling exclude each other"):
+        parse_spec({"models": [{**MINILM, "num_replicas": 2, "autoscaling": {"max_replicas": 3}}]})
+    with pytest.raises(ValueError, match=r"min_replicas \(4\) exceeds max_replicas \(2\)"):
+        parse_spec({"models": [{**MINILM, "autoscaling": {"min_replicas": 4, "max_replicas": 2}}]})
+    with pytest.raises(ValueError, match="initial_replicas"):
+        parse_spec({"models": [{**MINILM, "autoscaling": {"max_replicas": 2, "initial_replicas": 3}}]})
+    with pytest.raises(ValueError, match=r"models\.0\.autoscaling\.target_ongoing_requests"):
+        parse_spec({"models": [{**MINILM, "autoscaling": {"target_ongoing_requests": 0}}]})
