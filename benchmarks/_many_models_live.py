@@ -11,8 +11,9 @@ Serve's REST API as a config (as `serve deploy` does), and driven by the same op
 * `serve_multiplexed`: one `@serve.multiplexed` deployment per architecture, models loaded from local disk on
   demand, same module;
 * `plexserve_per_model` (on request): the same spec without its planning, placement and controller, which plexserve
-  serves as one single-model deployment per model (its text and vision replicas): Serve's one-deployment-per-model
-  layout on plexserve's request path, which tells the layout's share of a difference from the request path's.
+  serves as one single-model deployment per model (its text and vision replicas), autoscaled and bound by the
+  memory budget as `serve_deployments` is: Serve's one-deployment-per-model layout on plexserve's request path,
+  which tells the layout's share of a difference from the request path's.
 
 The per-device memory budget of the spec binds all three: plexserve's planner places within it; the Serve setups'
 replicas request the custom Ray resource `device_memory_bytes` (the node holds devices x budget) in proportion to
@@ -414,6 +415,37 @@ def per_model_spec(spec: dict) -> dict:
     return {k: v for k, v in spec.items() if k not in ("planning", "placement", "controller")}
 
 
+def per_model_application(case: LiveCase) -> dict:
+    """plexserve_per_model's Serve config application: `per_model_spec`, each model autoscaled as the Serve
+    baseline's deployments are (`_serve_many_models_apps.deployment_options`: from one replica up to as many as the
+    devices' memory holds, Serve's target of ongoing requests), through the spec's `autoscaling`; each replica
+    requests its model's weight bytes of the memory resource through the config's `deployments:` overrides, as an
+    operator sets a field of Serve's own."""
+    from benchmarks import _serve_many_models_apps as apps
+    from placement.core.deployment_spec import MAX_REPLICAS, parse_spec
+    from rayserve_apps.app import replica_actor_options
+    from rayserve_apps.contracts import model_deployment_name
+    from rayserve_apps.control.live_update import application_config
+
+    raw = per_model_spec(case.spec)
+    models, overrides = [], []
+    for entry, model in zip(raw["models"], case.models):
+        serve_options = apps.deployment_options({"name": model.name, "weight_bytes": model.weight_bytes},
+                                                case.num_devices, case.device_memory_bytes)
+        scaling = serve_options["autoscaling_config"]
+        models.append({**{k: v for k, v in entry.items() if k != "num_replicas"},
+                       "autoscaling": {"min_replicas": scaling["min_replicas"],
+                                       "initial_replicas": scaling["initial_replicas"],
+                                       # The spec's bound; a small model's memory bound lies far past it.
+                                       "max_replicas": min(scaling["max_replicas"], MAX_REPLICAS),
+                                       "target_ongoing_requests": scaling["target_ongoing_requests"]}})
+        spec_model = parse_spec({**raw, "models": [models[-1]]}).models[0]
+        overrides.append({"name": model_deployment_name(model.name), "ray_actor_options": {
+            **replica_actor_options(spec_model.num_cpus_per_replica),
+            "resources": {MEMORY_RESOURCE: float(model.weight_bytes)}}})
+    return application_config(parse_spec({**raw, "models": models}), name=PLEXSERVE_APP, deployments=overrides)
+
+
 def application(system: str, case: LiveCase, load_log: str) -> dict:
     """The Serve config application that deploys `system` for `case`."""
     from placement.core.deployment_spec import parse_spec
@@ -422,7 +454,7 @@ def application(system: str, case: LiveCase, load_log: str) -> dict:
     if system == "plexserve":
         return application_config(parse_spec(case.spec), name=PLEXSERVE_APP)
     if system == "plexserve_per_model":
-        return application_config(parse_spec(per_model_spec(case.spec)), name=PLEXSERVE_APP)
+        return per_model_application(case)
     from benchmarks import _serve_many_models_apps as apps
 
     args = apps.app_args(case, multiplexed=system == "serve_multiplexed", load_log=load_log)

@@ -37,15 +37,19 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+#: Most replicas of one single-model deployment (`num_replicas`, `autoscaling.max_replicas`).
+MAX_REPLICAS = 64
+
+
 class ReplicaAutoscalingSpec(_Strict):
     """Ray Serve autoscaling of a model's single-model deployment (Serve's `autoscaling_config`): Serve adds replicas
     while the requests ongoing per replica exceed the target and removes them when they fall below it, between the
     bounds. Device groups do not autoscale: the planner and the placement controller size them."""
 
-    min_replicas: int = Field(default=1, ge=0, le=64,
+    min_replicas: int = Field(default=1, ge=0, le=MAX_REPLICAS,
                               description="Fewest replicas (0: the deployment scales to zero when idle).")
-    max_replicas: int = Field(default=4, ge=1, le=64, description="Most replicas.")
-    initial_replicas: int | None = Field(default=None, ge=0, le=64,
+    max_replicas: int = Field(default=4, ge=1, le=MAX_REPLICAS, description="Most replicas.")
+    initial_replicas: int | None = Field(default=None, ge=0, le=MAX_REPLICAS,
                                          description="Replicas at deploy time; null: min_replicas.")
     target_ongoing_requests: float = Field(default=2.0, gt=0,
                                            description="Requests ongoing per replica that Serve scales towards.")
@@ -120,7 +124,7 @@ class ModelSpec(_Strict):
         description="Text longer than max_input_length_tokens: 'reject' answers 413 naming the limit, 'truncate' cuts "
                     "it.",
     )
-    num_replicas: int = Field(default=1, ge=1, le=64, description="Replicas of the model deployment.")
+    num_replicas: int = Field(default=1, ge=1, le=MAX_REPLICAS, description="Replicas of the model deployment.")
     autoscaling: ReplicaAutoscalingSpec | None = Field(
         default=None,
         description="Serve autoscaling of the model's single-model deployment, in place of num_replicas; null: a "
@@ -151,9 +155,10 @@ class ModelSpec(_Strict):
 
     @model_validator(mode="after")
     def _check_kind_fields(self) -> "ModelSpec":
-        if self.autoscaling is not None and "num_replicas" in self.model_fields_set:
-            raise ValueError("num_replicas and autoscaling exclude each other: autoscaling sizes the deployment "
-                             "between autoscaling.min_replicas and autoscaling.max_replicas")
+        # The default num_replicas (1) passes, so that a spec dumped with its defaults parses again.
+        if self.autoscaling is not None and self.num_replicas != 1:
+            raise ValueError(f"num_replicas ({self.num_replicas}) and autoscaling exclude each other: autoscaling "
+                             "sizes the deployment between autoscaling.min_replicas and autoscaling.max_replicas")
         if self.kind == "vision":
             if not self.source.startswith("timm:"):
                 raise ValueError("vision models need source 'timm:<architecture>'")

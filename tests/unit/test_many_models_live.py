@@ -344,15 +344,26 @@ def test_cpu_figures_give_milliseconds_per_request_and_busy_cores_and_their_medi
 
 def test_plexserve_per_model_serves_the_spec_without_planning_as_one_deployment_per_model(case):
     """The optional system drops the spec's planning, placement and controller, so that plexserve's builder binds a
-    single-model deployment per model; its models and budget stay as the user wrote them."""
-    from benchmarks._many_models_live import application, per_model_spec
-    from placement.core.deployment_spec import parse_spec
+    single-model deployment per model, autoscaled and memory-bound as the Serve baseline's deployments are."""
+    from benchmarks import _serve_many_models_apps as apps
+    from benchmarks._many_models_live import MEMORY_RESOURCE, application, per_model_spec
+    from placement.core.deployment_spec import MAX_REPLICAS, parse_spec
 
-    args = application("plexserve_per_model", case, load_log="")["args"]
+    config = application("plexserve_per_model", case, load_log="")
+    args = config["args"]
     assert not {"planning", "placement", "controller"} & set(per_model_spec(case.spec))
     assert not {"planning", "placement", "controller"} & set(args)
     spec = parse_spec(args)
     assert spec.placement is None and spec.planning is None and not spec.controller_enabled()
     assert [m.name for m in spec.models] == list(case.names)
     assert spec.cluster.device_memory_bytes == case.device_memory_bytes
+    overrides = {d["name"]: d for d in config["deployments"]}
+    for model, live_model in zip(spec.models, case.models):
+        serve = apps.deployment_options({"name": model.name, "weight_bytes": live_model.weight_bytes},
+                                        case.num_devices, case.device_memory_bytes)
+        assert model.autoscaling.max_replicas == min(serve["autoscaling_config"]["max_replicas"], MAX_REPLICAS)
+        assert model.autoscaling.target_ongoing_requests == apps.TARGET_ONGOING_REQUESTS
+        actor = overrides[f"model-{model.name}"]["ray_actor_options"]
+        assert actor["resources"] == {MEMORY_RESOURCE: float(live_model.weight_bytes)}
+        assert actor["num_cpus"] == model.num_cpus_per_replica
     assert "planning" in application("plexserve", case, load_log="")["args"]

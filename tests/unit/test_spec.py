@@ -93,7 +93,8 @@ def test_autoscaling_replaces_num_replicas_and_checks_its_bounds():
     assert spec.models[0].autoscaling.serve_config() == {
         "min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 2.0, "upscale_delay_s": 30.0,
         "downscale_delay_s": 600.0}
-    with pytest.raises(ValueError, match="num_replicas and autoscaling exclude each other"):
+    assert parse_spec(json.loads(spec.model_dump_json())) == spec  # dumped with its defaults, it parses again
+    with pytest.raises(ValueError, match=r"num_replicas \(2\) and autoscaling exclude each other"):
         parse_spec({"models": [{**MINILM, "num_replicas": 2, "autoscaling": {"max_replicas": 3}}]})
     with pytest.raises(ValueError, match=r"min_replicas \(4\) exceeds max_replicas \(2\)"):
         parse_spec({"models": [{**MINILM, "autoscaling": {"min_replicas": 4, "max_replicas": 2}}]})
