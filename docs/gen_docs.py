@@ -500,7 +500,8 @@ deployed from a Serve config through Serve's REST API:
   deployment of its own.
 - **plexserve, one deployment per model** (`plexserve_per_model`, run when `--systems` names it): the same spec
   without its planning, placement and controller, which plexserve serves as one single-model deployment per model
-  (its ConcatBatching text replica, its vision replica). It is Serve's one-deployment-per-model layout on
+  (its ConcatBatching text replica, its vision replica), each autoscaled (`models[].autoscaling`) and bound by the
+  memory budget exactly as the Serve deployments above are. It is Serve's one-deployment-per-model layout on
   plexserve's request path, so beside the others it separates what the layout accounts for from what the request
   path does.
 
