@@ -428,22 +428,21 @@ def per_model_application(case: LiveCase) -> dict:
     from rayserve_apps.control.live_update import application_config
 
     raw = per_model_spec(case.spec)
-    models, overrides = [], []
+    models = []
     for entry, model in zip(raw["models"], case.models):
-        serve_options = apps.deployment_options({"name": model.name, "weight_bytes": model.weight_bytes},
-                                                case.num_devices, case.device_memory_bytes)
-        scaling = serve_options["autoscaling_config"]
+        scaling = apps.deployment_options({"name": model.name, "weight_bytes": model.weight_bytes},
+                                          case.num_devices, case.device_memory_bytes)["autoscaling_config"]
         models.append({**{k: v for k, v in entry.items() if k != "num_replicas"},
                        "autoscaling": {"min_replicas": scaling["min_replicas"],
                                        "initial_replicas": scaling["initial_replicas"],
                                        # The spec's bound; a small model's memory bound lies far past it.
                                        "max_replicas": min(scaling["max_replicas"], MAX_REPLICAS),
                                        "target_ongoing_requests": scaling["target_ongoing_requests"]}})
-        spec_model = parse_spec({**raw, "models": [models[-1]]}).models[0]
-        overrides.append({"name": model_deployment_name(model.name), "ray_actor_options": {
-            **replica_actor_options(spec_model.num_cpus_per_replica),
-            "resources": {MEMORY_RESOURCE: float(model.weight_bytes)}}})
-    return application_config(parse_spec({**raw, "models": models}), name=PLEXSERVE_APP, deployments=overrides)
+    spec = parse_spec({**raw, "models": models})
+    overrides = [{"name": model_deployment_name(m.name), "ray_actor_options": {
+        **replica_actor_options(m.num_cpus_per_replica), "resources": {MEMORY_RESOURCE: float(live.weight_bytes)}}}
+        for m, live in zip(spec.models, case.models)]
+    return application_config(spec, name=PLEXSERVE_APP, deployments=overrides)
 
 
 def application(system: str, case: LiveCase, load_log: str) -> dict:
@@ -491,8 +490,7 @@ def kill_one_replica(system: str, case: LiveCase, base_url: str, hottest: list[s
 
     app = PLEXSERVE_APP if system == "plexserve_per_model" else SERVE_APP
     replicas = [a for a in list_actors(filters=[("state", "=", "ALIVE")], limit=1000)
-                if (a.class_name or "").startswith(f"ServeReplica:{app}:model-")
-                or (a.class_name or "").startswith(f"ServeReplica:{app}:mux-")]
+                if (a.class_name or "").startswith((f"ServeReplica:{app}:model-", f"ServeReplica:{app}:mux-"))]
     if not replicas:
         raise RuntimeError("no Serve model replica to kill")
     multiplexed = system == "serve_multiplexed"
