@@ -39,8 +39,8 @@ Final JSON line: `pipeline2_throughput_ratio` (2 stages vs 1 in steady state: me
 two models; `pipeline2_burst_throughput_ratio_per_model` with the fill),
 `max_prediction_error` (relative, over latency and throughput of every configuration), `max_abs_diff`,
 the CPU scaling of 2 processes vs 1 measured before and after (the ceiling of any 2-actor speed-up on this
-machine at that time), and the figures per model and configuration. A PNG of measured vs predicted throughput goes to
-benchmarks/out/.
+machine at that time; with `--device cpu` only), and the figures per model and configuration. A PNG of measured vs
+predicted throughput goes to benchmarks/out/.
 """
 
 from __future__ import annotations
@@ -352,8 +352,11 @@ def planned_vs_even(directory: str, comm, args) -> dict:
     with torch.inference_mode():
         expected = [run_layers(model.layers(), s).hidden for s in states]
     del model
+    # Both groups are alive at once: their 2 x 2 stage actors share the GPUs (a share sized for the 3 actors of the
+    # 1- and 2-stage groups would leave the fourth actor waiting for a GPU that never frees).
+    gpus_per_actor = min(1.0, args.num_gpus / (len(plans) * 2)) if args.num_gpus else args.gpus_per_actor
     longer = argparse.Namespace(rounds=args.rounds + PLANNED_VS_EVEN_EXTRA_ROUNDS,
-                                throughput_requests=PLANNED_VS_EVEN_REQUESTS, gpus_per_actor=args.gpus_per_actor)
+                                throughput_requests=PLANNED_VS_EVEN_REQUESTS, gpus_per_actor=gpus_per_actor)
     rounds, memory, _ = measure_side_by_side(source, plans, profile, states, expected, longer, latency_requests=1)
     per_round = [p["throughput_rps"] / e["throughput_rps"] for p, e in zip(rounds["planned"], rounds["even"])]
     layer_s = [m.latency_s[shape_key(BATCH_SIZE, profile.tokens_per_sequence)] for m in profile.layers]
@@ -468,11 +471,11 @@ def main() -> None:
                         help="where the stage actors compute: cpu (1 thread each) or cuda (this machine's GPUs "
                              "shared among the groups' actors; the 2-way intra-op configuration needs 2 GPUs)")
     args = parser.parse_args()
-    args.configs, args.gpus_per_actor, num_gpus = dict(CONFIGS), 0.0, None
+    args.configs, args.gpus_per_actor, args.num_gpus = dict(CONFIGS), 0.0, 0
     if args.device == "cuda":
         if not torch.cuda.is_available():
             parser.error("--device cuda: torch sees no GPU on this machine")
-        num_gpus = torch.cuda.device_count()
+        num_gpus = args.num_gpus = torch.cuda.device_count()
         if num_gpus < CONFIGS["2-way-intra-op"].intra_op_degree:  # NCCL refuses two shards on one GPU
             del args.configs["2-way-intra-op"]
         # Every group of a round is alive at once: 1 + 2 (+ 2) actors share the GPUs.
@@ -483,10 +486,12 @@ def main() -> None:
     args.throughput_requests = QUICK_BURST_REQUESTS if args.quick else FULL_BURST_REQUESTS
     args.rounds = QUICK_ROUNDS if args.quick else FULL_ROUNDS
     torch.set_num_threads(1)
-    scaling_before = two_process_cpu_scaling()
-    log.info("2 processes vs 1 on this machine now: %.2fx aggregate matmul throughput", scaling_before)
+    # The CPU-scaling ceiling bounds CPU-share "devices" only; with --device cuda the stages compute on GPUs.
+    scaling_before = two_process_cpu_scaling() if args.device == "cpu" else None
+    if scaling_before is not None:
+        log.info("2 processes vs 1 on this machine now: %.2fx aggregate matmul throughput", scaling_before)
     ray.init(address="local", num_cpus=RAY_NUM_CPUS, include_dashboard=False, log_to_driver=False,
-             **({"num_gpus": num_gpus} if num_gpus else {}))
+             **({"num_gpus": args.num_gpus} if args.num_gpus else {}))
     figures: dict = {}
     try:
         log.info("profiling sends and 2-way collectives between actors")
@@ -503,8 +508,9 @@ def main() -> None:
             unequal = planned_vs_even(tmp, comm, args)
     finally:
         ray.shutdown()
-    scaling_after = two_process_cpu_scaling()
-    log.info("2 processes vs 1 after the runs: %.2fx", scaling_after)
+    scaling_after = two_process_cpu_scaling() if args.device == "cpu" else None
+    if scaling_after is not None:
+        log.info("2 processes vs 1 after the runs: %.2fx", scaling_after)
     png = plot(figures, list(args.configs))
     configs = [r[label] for r in figures.values() for label in args.configs]
     errors = [c[k] for c in configs for k in ("latency_error", "throughput_error")]

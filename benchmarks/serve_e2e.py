@@ -159,6 +159,9 @@ def make_texts(count: int, mix: str = "short", seed: int = 0, vocab: list[str] |
 
 #: The share of a GPU the plain app reserves with `--device cuda` (it runs beside plexserve's replicas).
 PLAIN_GPU_SHARE = 0.1
+#: With `--device cuda`, the share of a GPU each of plexserve's single-model replicas reserves where the config
+#: names none (`device_share_per_replica`): the config's three models and the plain app fit on one GPU.
+PLEXSERVE_GPU_SHARE = 0.2
 DEVICES = ("cpu", "cuda")
 
 
@@ -348,9 +351,10 @@ def free_port() -> int:
 
 # ---- in-process compute bound ----
 
-def compute_bound(texts: list[str], seconds: float) -> dict:
-    """Texts/s of MiniLM in this process on the same texts: the best of length-sorted padded batches and
-    ConcatBatching packs at each batch size, with as many torch threads as the machine has cores."""
+def compute_bound(texts: list[str], seconds: float, device: str = "cpu") -> dict:
+    """Texts/s of MiniLM in this process on the same texts, on `device`: the best of length-sorted padded batches
+    and ConcatBatching packs at each batch size, with as many torch threads as the machine has cores, each batch's
+    embeddings brought back to the CPU as a replica answers them."""
     import torch
 
     from models.packed_text import ConcatBatchingEngine
@@ -358,6 +362,7 @@ def compute_bound(texts: list[str], seconds: float) -> dict:
 
     torch.set_num_threads(os.cpu_count() or 1)
     encoder = load_text_encoder()
+    encoder.model.to(device)
     token_ids = encoder.text_tokenizer.encode(texts)
     results = {}
     for batch in COMPUTE_BOUND_BATCH_SIZES:
@@ -366,7 +371,7 @@ def compute_bound(texts: list[str], seconds: float) -> dict:
         done, start = 0, time.perf_counter()
         while time.perf_counter() - start < seconds:
             chunk = chunks[done % len(chunks)]
-            encoder.embed_token_ids(chunk)
+            encoder.embed_token_ids(chunk).cpu()
             done += 1
         results[f"sorted_padded_{batch}"] = done * batch / (time.perf_counter() - start)
     longest = max(len(ids) for ids in token_ids)
@@ -388,7 +393,8 @@ def compute_bound(texts: list[str], seconds: float) -> dict:
 
 def plexserve_args(path: Path = PLEXSERVE_CONFIG, device: str = "cpu") -> dict:
     """The application args of a Serve config; with `device` 'cuda' its cluster's devices are this machine's GPUs
-    (device resource 'GPU', one device per GPU, each GPU's memory), and a placement group over more devices than
+    (device resource 'GPU', one device per GPU, each GPU's memory), every model's single-model replicas reserve a
+    GPU share (`PLEXSERVE_GPU_SHARE` where the config names none), and a placement group over more devices than
     there are GPUs is left out (its models then get replicas of their own)."""
     config = yaml.safe_load(path.read_text())
     (application,) = config["applications"]
@@ -401,6 +407,9 @@ def plexserve_args(path: Path = PLEXSERVE_CONFIG, device: str = "cpu") -> dict:
         gpus = torch.cuda.device_count()
         spec["cluster"].update(device_resource="GPU", num_devices=gpus,
                                device_memory_bytes=torch.cuda.get_device_properties(0).total_memory)
+        for model in spec["models"]:
+            if model.get("device_share_per_replica") is None:
+                model["device_share_per_replica"] = PLEXSERVE_GPU_SHARE
         placement = spec.get("placement") or {}
         if placement.get("groups"):
             kept = [group for group in placement["groups"] if group["num_devices"] <= gpus]
@@ -856,7 +865,8 @@ def measure_run(args: argparse.Namespace, run: int,
     bounds = {}
     for mix in args.mixes:
         log.info("run %d: measuring the in-process compute bound on the %s texts", run + 1, mix)
-        bounds[mix] = compute_bound(make_texts(NUM_TEXTS, mix), seconds=1.0 if args.quick else 5.0)
+        bounds[mix] = compute_bound(make_texts(NUM_TEXTS, mix), seconds=1.0 if args.quick else 5.0,
+                                    device=args.device)
     binary, infinity_note = infinity
     steps = ["infinity", *args.ingress]
     for step in reversed(steps) if run % 2 else steps:

@@ -435,6 +435,58 @@ def serve_e2e_table(figures: dict[str, Any]) -> str:
     return "".join(out)
 
 
+#: What the device check's table shows of each step's figures: (label, path of keys into the step's figures).
+DEVICE_CHECK_FIGURES = {
+    "serve_e2e": (("plexserve ok/s, 1 client", ("short", "ok_per_s_plexserve_1")),
+                  ("p50 ms, 1 client", ("short", "p50_ms_plexserve_1")),
+                  ("plexserve ok/s, 16 clients", ("short", "ok_per_s_plexserve_16")),
+                  ("p99 ms, 16 clients", ("short", "p99_ms_plexserve_16")),
+                  ("in-process compute bound, texts/s", ("short", "compute_bound_texts_per_s"))),
+    "parallel_runtime": (("pipeline2_throughput_ratio", ("pipeline2_throughput_ratio",)),
+                         ("max_prediction_error", ("max_prediction_error",)),
+                         ("max_abs_diff", ("max_abs_diff",)),
+                         ("1 MB hop, stage transport / pickled sockets",
+                          ("hop_1mb_s", "stage_transport_over_pickle_socket"))),
+    "many_models": (("sim_rate_at_99_vs_multiplexed", ("sim_rate_at_99_vs_multiplexed",)),
+                    ("sim_rate_at_99_vs_sr", ("sim_rate_at_99_vs_sr",))),
+}
+
+
+def _dig(figures: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(figures, dict) or key not in figures:
+            return None
+        figures = figures[key]
+    return figures
+
+
+def device_check_section() -> str:
+    """`benchmarks/device_check.sh`'s latest run on a GPU: the machine, then per step its exit status, seconds and
+    main figures. Says so when the check has not run on a GPU."""
+    out = ["## device_check (one GPU)\n\n", "`bash benchmarks/device_check.sh` runs the CUDA tests and the "
+           "benchmarks on a machine with a GPU within 8 minutes ([Cluster](cluster.md#device-check)).\n\n"]
+    path = RESULTS / "device_check.json"
+    if not path.is_file():
+        return "".join(out) + "It has not run on a GPU yet.\n\n"
+    record = json.loads(path.read_text())
+    out.append(_table(["", ""], [["machine", record.get("machine", "")], ["date", record.get("date", "")],
+                                 ["commit", f"`{record.get('commit', '')}`"],
+                                 ["result file", "`benchmarks/results/device_check.json`"]]) + "\n")
+    rows = []
+    for name, step in record.get("figures", {}).get("steps", {}).items():
+        figures = step.get("figures")
+        if step.get("timed_out"):
+            shown = f"cut at its time limit after {step.get('seconds')} s, before its final line: no figures"
+        elif name == "cuda-tests" and isinstance(figures, dict):
+            shown = ", ".join(f"{count} {kind}" for kind, count in figures.items() if kind != "deselected")
+        else:
+            shown = "; ".join(f"{label} {_number(value)}" for label, keys in DEVICE_CHECK_FIGURES.get(name, ())
+                              if (value := _dig(figures, keys)) is not None) or "-"
+        rows.append([f"`{name}`", step.get("exit_status"), step.get("seconds"), shown])
+    out.append(_table(["step", "exit status", "seconds", "figures"], rows) + "\n")
+    return "".join(out)
+
+
 #: Benchmarks whose section opens with a table of their own before the figures.
 SECTION_TABLES = {"serve_e2e": serve_e2e_table}
 
@@ -468,6 +520,7 @@ def benchmarks_page() -> str:
             out.append(SECTION_TABLES[name](record.get("figures", {})))
         out.append(_table(["figure", "value"], [[f"`{key}`", value]
                                                 for key, value in _flatten(record.get("figures", {}))]) + "\n")
+    out.append(device_check_section())
     if missing:
         out.append("## No result file yet\n\n")
         out.append(_table(["benchmark", "what it measures"],

@@ -172,7 +172,7 @@ def test_three_runs_report_each_figure_as_its_median_and_keep_the_values_per_run
 
 def test_every_other_run_measures_the_sides_in_the_reverse_order(monkeypatch):
     order = []
-    monkeypatch.setattr(e2e, "compute_bound", lambda texts, seconds: {"texts_per_s": 1.0})
+    monkeypatch.setattr(e2e, "compute_bound", lambda texts, seconds, device="cpu": {"texts_per_s": 1.0})
     monkeypatch.setattr(e2e, "ensure_infinity_venv", lambda: (Path("/venv/bin/infinity_emb"), ""))
     monkeypatch.setattr(e2e, "run_infinity", lambda binary, args, log: order.append("infinity") or [])
     monkeypatch.setattr("subprocess.run", lambda argv, **kwargs: order.append(argv[argv.index("--session") + 1])
@@ -229,3 +229,21 @@ def test_an_environment_that_cannot_be_made_says_why(tmp_path):
     blocker.write_text("a file where the environment would go")
     binary, why = e2e.ensure_infinity_venv(blocker)
     assert binary is None and why
+
+
+def test_on_cuda_every_model_reserves_a_gpu_share_and_groups_fit_the_gpus(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda index: type("Properties", (), {"total_memory": 141 * 2**30})())
+    from placement.core.deployment_spec import DeploymentSpec
+
+    spec = e2e.plexserve_args(device="cuda")
+    DeploymentSpec.model_validate(spec)
+    assert spec["cluster"]["device_resource"] == "GPU" and spec["cluster"]["num_devices"] == 1
+    assert all(model["device_share_per_replica"] == e2e.PLEXSERVE_GPU_SHARE for model in spec["models"])
+    assert len(spec["models"]) * e2e.PLEXSERVE_GPU_SHARE + e2e.PLAIN_GPU_SHARE <= 1.0
+    assert all(group["num_devices"] <= 1 for group in (spec.get("placement") or {}).get("groups", []))
+    assert all("device_share_per_replica" not in model for model in e2e.plexserve_args()["models"])
