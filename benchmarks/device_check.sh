@@ -9,8 +9,8 @@
 #   cuda-tests       pytest -m cuda (the tests that need a GPU; each skips cleanly without one)
 #   many_models      benchmarks/many_models.py --sim-only --quick, on the host's CPU beside cuda-tests (the live
 #                    comparison's --quick run alone takes longer than this check's 8 minutes)
-#   serve_e2e        benchmarks/serve_e2e.py --quick --device cuda (fast ingress, short texts, 1 and 16 clients, no
-#                    overload, no soak)
+#   serve_e2e        benchmarks/serve_e2e.py --quick --device cuda (plexserve behind the fast ingress and the plain
+#                    Serve app behind Serve's proxy, short texts, 1 and 16 clients, no overload, no soak)
 #   parallel_runtime benchmarks/parallel_runtime.py --quick --device cuda
 # Each step's stdout and stderr go to <out>/<step>.log (a benchmark's last line is its JSON figures),
 # <out>/summary.txt holds one line per step (its name, exit status and seconds), <out>/env.json the GPU, driver and
@@ -52,11 +52,11 @@ OUT_DIR="${OUT:-$ROOT/benchmarks/out/device_check}"
 # is max(first gpu step, cpu steps) + the other gpu steps.
 STEPS=(
     "cuda-tests|90|gpu|$PYTHON -m pytest -q -m cuda tests"
-    "serve_e2e|130|gpu|$PYTHON benchmarks/serve_e2e.py --quick --device cuda --ingress fast_ingress --clients 1 16 --skip-overload --mixes short --soak-s 0 --skip-infinity"
+    "serve_e2e|160|gpu|$PYTHON benchmarks/serve_e2e.py --quick --device cuda --clients 1 16 --skip-overload --mixes short --soak-s 0 --skip-infinity"
     "parallel_runtime|230|gpu|$PYTHON benchmarks/parallel_runtime.py --quick --device cuda"
 )
 if [[ -f benchmarks/many_models.py ]]; then
-    STEPS+=("many_models|120|cpu|$PYTHON benchmarks/many_models.py --sim-only --quick")
+    STEPS+=("many_models|90|cpu|$PYTHON benchmarks/many_models.py --sim-only --quick")
 fi
 if [[ -n "$ONLY" ]]; then  # keep the steps named, in the plan's order; an unknown name is refused
     IFS=',' read -r -a wanted <<<"$ONLY"

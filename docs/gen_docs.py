@@ -441,6 +441,8 @@ DEVICE_CHECK_FIGURES = {
                   ("p50 ms, 1 client", ("short", "p50_ms_plexserve_1")),
                   ("plexserve ok/s, 16 clients", ("short", "ok_per_s_plexserve_16")),
                   ("p99 ms, 16 clients", ("short", "p99_ms_plexserve_16")),
+                  ("ratio vs plain Serve, 1 client", ("short", "ratio_vs_plain_1")),
+                  ("ratio vs plain Serve, 16 clients", ("short", "ratio_vs_plain_16")),
                   ("in-process compute bound, texts/s", ("short", "compute_bound_texts_per_s"))),
     "parallel_runtime": (("pipeline2_throughput_ratio", ("pipeline2_throughput_ratio",)),
                          ("max_prediction_error", ("max_prediction_error",)),
