@@ -75,7 +75,7 @@ def _check_output(folder: Path, summary: str, logs: dict[str, str], env: dict | 
 
 def test_the_record_keeps_each_steps_status_and_figures_a_later_run_replacing_an_earlier_one(tmp_path):
     env = {"gpus": ["NVIDIA H200"], "driver": "580", "cuda": "13.0", "torch": "2.11", "ray": "2.60",
-           "python": "3.12", "cpu_cores": 16, "date": "2026-11-29T22:55:57+00:00", "commit": "abc"}
+           "python": "3.12", "cpu_cores": 16, "date": "the date", "commit": "abc"}
     first = _check_output(tmp_path / "1", "cuda-tests rc=2 seconds=30\nserve_e2e rc=124 seconds=130\n",
                           {"cuda-tests": "ERROR collecting\n1 error in 3.0s\n", "serve_e2e": "INFO ...\n"}, env)
     second = _check_output(tmp_path / "2", "cuda-tests rc=0 seconds=49\n",
@@ -108,7 +108,7 @@ case "$1 ${2:-}" in
     "-m pytest") echo ".s"; echo "1 passed, 1 skipped, 9 deselected in 1.00s" ;;
     "-m benchmarks._device_check")
         shift 2
-        if [[ "$1" == env ]]; then echo '{"gpus": ["Fake GPU"], "commit": "abc", "date": "2026-11-29T00:00:00+00:00"}'
+        if [[ "$1" == env ]]; then echo '{"gpus": ["Fake GPU"], "commit": "abc", "date": "the date"}'
         else exec @REAL@ -m benchmarks._device_check "$@" --results-dir "@RESULTS@"; fi ;;
     *) echo "progress on stderr" >&2; echo "{\\"script\\": \\"$1\\"}" ;;
 esac
