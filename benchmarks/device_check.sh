@@ -51,12 +51,12 @@ OUT_DIR="${OUT:-$ROOT/benchmarks/out/device_check}"
 # steps touch no GPU and run one after another in the background, beside the first `gpu` step, so the plan's time
 # is max(first gpu step, cpu steps) + the other gpu steps.
 STEPS=(
-    "cuda-tests|90|gpu|$PYTHON -m pytest -q -m cuda tests"
-    "serve_e2e|160|gpu|$PYTHON benchmarks/serve_e2e.py --quick --device cuda --clients 1 16 --skip-overload --mixes short --soak-s 0 --skip-infinity"
-    "parallel_runtime|230|gpu|$PYTHON benchmarks/parallel_runtime.py --quick --device cuda"
+    "cuda-tests|80|gpu|$PYTHON -m pytest -q -m cuda tests"
+    "serve_e2e|180|gpu|$PYTHON benchmarks/serve_e2e.py --quick --device cuda --clients 1 16 --skip-overload --mixes short --soak-s 0 --skip-infinity"
+    "parallel_runtime|220|gpu|$PYTHON benchmarks/parallel_runtime.py --quick --device cuda"
 )
 if [[ -f benchmarks/many_models.py ]]; then
-    STEPS+=("many_models|90|cpu|$PYTHON benchmarks/many_models.py --sim-only --quick")
+    STEPS+=("many_models|80|cpu|$PYTHON benchmarks/many_models.py --sim-only --quick")
 fi
 if [[ -n "$ONLY" ]]; then  # keep the steps named, in the plan's order; an unknown name is refused
     IFS=',' read -r -a wanted <<<"$ONLY"

@@ -58,7 +58,7 @@ def test_steps_keeps_the_steps_named_and_refuses_an_unknown_one(tmp_path):
     plans = [line for line in result.stdout.splitlines() if line.startswith("plan: ")]
     assert [line.split()[1] for line in plans[:-1]] == ["cuda-tests", "many_models"]
     assert "beside the first GPU step" in plans[1]
-    assert plans[-1].startswith("plan: at most 90 s")  # many_models runs beside the CUDA tests, not after them
+    assert plans[-1].startswith("plan: at most 80 s")  # many_models runs beside the CUDA tests, not after them
     refused = _run("--steps", "cuda-tests,nope")
     assert refused.returncode == 2 and "unknown step 'nope'" in refused.stderr
 
