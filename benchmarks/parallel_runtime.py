@@ -338,6 +338,15 @@ def stage_memory(group: ModelParallelGroup, profile: ModelLayerProfile) -> list[
     return figures
 
 
+def gpu_share_per_actor(num_gpus: int, actors_alive: int) -> float:
+    """The share of a GPU each of `actors_alive` stage actors reserves so that all of them hold their shares on
+    `num_gpus` GPUs at once (a share sized for fewer actors leaves the last ones waiting for a GPU that never
+    frees); at most one GPU each, and none without GPUs."""
+    if num_gpus <= 0:
+        return 0.0
+    return min(1.0, num_gpus / actors_alive)
+
+
 def planned_vs_even(directory: str, comm, args) -> dict:
     """The DP's 2-stage cut against the even cut on the unequal-cost stand-in, measured side by side."""
     torch.set_num_threads(1)
@@ -352,11 +361,10 @@ def planned_vs_even(directory: str, comm, args) -> dict:
     with torch.inference_mode():
         expected = [run_layers(model.layers(), s).hidden for s in states]
     del model
-    # Both groups are alive at once: their 2 x 2 stage actors share the GPUs (a share sized for the 3 actors of the
-    # 1- and 2-stage groups would leave the fourth actor waiting for a GPU that never frees).
-    gpus_per_actor = min(1.0, args.num_gpus / (len(plans) * 2)) if args.num_gpus else args.gpus_per_actor
+    # Both groups are alive at once: their 2 x 2 stage actors share the GPUs.
     longer = argparse.Namespace(rounds=args.rounds + PLANNED_VS_EVEN_EXTRA_ROUNDS,
-                                throughput_requests=PLANNED_VS_EVEN_REQUESTS, gpus_per_actor=gpus_per_actor)
+                                throughput_requests=PLANNED_VS_EVEN_REQUESTS,
+                                gpus_per_actor=gpu_share_per_actor(args.num_gpus, len(plans) * 2))
     rounds, memory, _ = measure_side_by_side(source, plans, profile, states, expected, longer, latency_requests=1)
     per_round = [p["throughput_rps"] / e["throughput_rps"] for p, e in zip(rounds["planned"], rounds["even"])]
     layer_s = [m.latency_s[shape_key(BATCH_SIZE, profile.tokens_per_sequence)] for m in profile.layers]
@@ -479,8 +487,8 @@ def main() -> None:
         if num_gpus < CONFIGS["2-way-intra-op"].intra_op_degree:  # NCCL refuses two shards on one GPU
             del args.configs["2-way-intra-op"]
         # Every group of a round is alive at once: 1 + 2 (+ 2) actors share the GPUs.
-        args.gpus_per_actor = min(1.0, num_gpus / sum(c.intra_op_degree * c.pipeline_stages
-                                                      for c in args.configs.values()))
+        args.gpus_per_actor = gpu_share_per_actor(num_gpus, sum(c.intra_op_degree * c.pipeline_stages
+                                                                for c in args.configs.values()))
     args.repeats = args.repeats or (QUICK_LAYER_REPEATS if args.quick else FULL_LAYER_REPEATS)
     args.latency_requests = 5 if args.quick else 20
     args.throughput_requests = QUICK_BURST_REQUESTS if args.quick else FULL_BURST_REQUESTS
