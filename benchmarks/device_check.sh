@@ -126,10 +126,12 @@ if (( DRY_RUN )); then
         read -r -a cmd <<<"$command"
         check_step "$name" "${cmd[@]}" || failed=1
     done
-    if "$PYTHON" -m benchmarks._device_check --help >/dev/null 2>&1; then
-        echo "check: the result record: benchmarks/_device_check.py runs"
-    else
+    if ! "$PYTHON" -m benchmarks._device_check --help >/dev/null 2>&1; then
         echo "device_check: benchmarks/_device_check.py does not run" >&2; failed=1
+    elif "$PYTHON" -m benchmarks._device_check preflight; then
+        echo "check: every module the steps import imports here"
+    else  # a plan check, not a GPU run: the benchmarks' extras may be missing here (CI installs .[dev] only)
+        echo "check: the modules named above do not import here; a run with this Python stops before its steps"
     fi
     if (( failed )); then echo "dry run: the plan does not hold" >&2; exit 1; fi
     echo "dry run: every step's command exists and accepts its arguments"
@@ -138,6 +140,10 @@ fi
 
 if ! "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "device_check: torch sees no GPU here; run with --dry-run to check the plan only" >&2
+    exit 2
+fi
+if ! "$PYTHON" -m benchmarks._device_check preflight; then
+    echo "device_check: install what is named above for $PYTHON (each step would fail on it); nothing ran" >&2
     exit 2
 fi
 mkdir -p "$OUT_DIR"

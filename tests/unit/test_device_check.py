@@ -109,20 +109,26 @@ case "$1 ${2:-}" in
     "-m benchmarks._device_check")
         shift 2
         if [[ "$1" == env ]]; then echo '{"gpus": ["Fake GPU"], "commit": "abc", "date": "the date"}'
+        elif [[ "$1" == preflight ]]; then @PREFLIGHT@
         else exec @REAL@ -m benchmarks._device_check "$@" --results-dir "@RESULTS@"; fi ;;
     *) echo "progress on stderr" >&2; echo "{\\"script\\": \\"$1\\"}" ;;
 esac
 """
 
 
-def test_a_run_logs_every_step_and_records_them(tmp_path):
+def _fake_run(tmp_path: Path, preflight: str = "exit 0") -> subprocess.CompletedProcess:
     fake = tmp_path / "python"
-    fake.write_text(FAKE_PYTHON.replace("@REAL@", sys.executable).replace("@RESULTS@", str(tmp_path / "results")))
+    fake.write_text(FAKE_PYTHON.replace("@REAL@", sys.executable).replace("@RESULTS@", str(tmp_path / "results"))
+                    .replace("@PREFLIGHT@", preflight))
     fake.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(fake), "OUT": str(tmp_path / "out")}
+    return subprocess.run(["bash", str(REPO_ROOT / "benchmarks" / "device_check.sh")], env=env,
+                          capture_output=True, text=True, timeout=DRY_RUN_TIMEOUT_S)
+
+
+def test_a_run_logs_every_step_and_records_them(tmp_path):
+    result = _fake_run(tmp_path)
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHON": str(fake), "OUT": str(out)}
-    result = subprocess.run(["bash", str(REPO_ROOT / "benchmarks" / "device_check.sh")], env=env,
-                            capture_output=True, text=True, timeout=DRY_RUN_TIMEOUT_S)
     assert result.returncode == 0, result.stderr
     summary = (out / "summary.txt").read_text().split()
     assert {"cuda-tests", "serve_e2e", "parallel_runtime", "many_models"} <= set(summary)
@@ -134,3 +140,19 @@ def test_a_run_logs_every_step_and_records_them(tmp_path):
     assert record["figures"]["passed"] and record["machine"].startswith("Fake GPU")
     assert "progress on stderr" in (out / "parallel_runtime.log").read_text()
     assert json.loads((out / "device_check.json").read_text()) == record
+
+
+def test_a_run_stops_before_its_steps_when_a_module_does_not_import(tmp_path):
+    result = _fake_run(tmp_path, preflight="echo 'device_check: cannot import ray.serve: RuntimeError: grpc' >&2; "
+                                           "exit 1")
+    assert result.returncode == 2
+    assert "cannot import ray.serve" in result.stderr and "nothing ran" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_preflight_names_each_module_that_does_not_import_and_why(capsys):
+    assert device_check.preflight(("json", "no_such_module_here")) == [
+        "no_such_module_here: ModuleNotFoundError: No module named 'no_such_module_here'"]
+    assert device_check.main(["preflight", "--modules", "json", "no_such_module_here"]) == 1
+    assert "cannot import no_such_module_here" in capsys.readouterr().err
+    assert device_check.main(["preflight", "--modules", "json"]) == 0
