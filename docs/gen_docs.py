@@ -466,7 +466,8 @@ def device_check_section() -> str:
     """`benchmarks/device_check.sh`'s latest run on a GPU: the machine, then per step its exit status, seconds and
     main figures. Says so when the check has not run on a GPU."""
     out = ["## device_check (one GPU)\n\n", "`bash benchmarks/device_check.sh` runs the CUDA tests and the "
-           "benchmarks on a machine with a GPU within 8 minutes ([Cluster](cluster.md#device-check)).\n\n"]
+           "benchmarks on a machine with a GPU within 8 minutes. What the recorded run computed on the GPU and what "
+           "on the host's CPU is on the [Cluster](cluster.md#device-check) page.\n\n"]
     path = RESULTS / "device_check.json"
     if not path.is_file():
         return "".join(out) + "It has not run on a GPU yet.\n\n"
