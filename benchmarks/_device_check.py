@@ -31,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._common import RESULTS_DIR, git_commit, write_result  # noqa: E402
+from benchmarks._common import git_commit, write_result  # noqa: E402
 
 NAME = "device_check"
 COMMAND = "bash benchmarks/device_check.sh"
@@ -156,13 +156,13 @@ def record(folders: list[Path], results_dir: Path | None = None) -> dict[str, An
         "benchmark": NAME,
         "machine": machine_line(env),
         "date": env.get("date", ""),
-        "commit": env.get("commit", git_commit()),
+        "commit": env.get("commit") or git_commit(),
         "command": COMMAND,
         "quick": True,
         "figures": {"environment": env, "steps": steps, "passed": all(s["exit_status"] == 0 for s in steps.values())},
     }
     (folders[0] / f"{NAME}.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    write_result(result, RESULTS_DIR if results_dir is None else results_dir)
+    write_result(result, results_dir)
     return result
 
 
