@@ -6,7 +6,9 @@ the field named) and binds, behind one ingress:
 - with a placement in the spec: one group deployment per device group (`group-<i>`, `replicas/group.py`),
   whose replica reserves the group's devices as a placement group and runs the hosted models model-parallel;
   before anything is deployed the placement is checked against the cluster's nodes (`control/cluster_fit.py`);
-- without one: one replicated single-device deployment per model (`model-<name>`).
+- without one: one replicated single-device deployment per model (`model-<name>`);
+- a text model with `in_ingress: always` gets no deployment: its engine runs in every ingress replica
+  (`when_idle`: both).
 """
 
 from __future__ import annotations
@@ -81,6 +83,30 @@ def model_device_resource(model: ModelSpec, device_resource: str) -> str:
     """The device resource a single-model replica computes on: the cluster's when the replica reserves a share of
     it (`model_actor_options`), else the CPU (`models.device.select_device` then keeps the model there)."""
     return device_resource if model.device_share_per_replica is not None else CPU_RESOURCE
+
+def _in_ingress_share(spec: DeploymentSpec) -> float | None:
+    shares = [m.device_share_per_replica for m in spec.models
+              if m.in_ingress != "never" and m.device_share_per_replica]
+    return sum(shares) if shares else None
+
+
+def ingress_actor_options(spec: DeploymentSpec) -> dict[str, Any]:
+    """`ray_actor_options` of an ingress replica: `serving.num_cpus_ingress`, plus the CPUs of every model that runs
+    only there (`in_ingress: always`), and the device share of every model whose engine runs there (`always` or
+    `when_idle`), as that model's own replica reserves them. A `when_idle` engine adds no CPUs: it computes only
+    while the model's own deployment has nothing to do."""
+    always = [m for m in spec.models if m.in_ingress == "always"]
+    options = replica_actor_options(spec.serving.num_cpus_ingress + sum(m.num_cpus_per_replica for m in always))
+    share = _in_ingress_share(spec)
+    if share is None:
+        return options
+    return {**options, **device_reservation(spec.cluster.device_resource, min(1.0, share), logical=False)}
+
+
+def ingress_device_resource(spec: DeploymentSpec) -> str:
+    """What the engines of `in_ingress` models compute on: the cluster's device when the ingress reserves a share."""
+    return spec.cluster.device_resource if _in_ingress_share(spec) is not None else CPU_RESOURCE
+
 
 #: Seconds between a group replica's routing-stats reports (hosted models, queue length) to the router.
 ROUTING_STATS_PERIOD_S = 1.0
@@ -193,7 +219,7 @@ def build_app(args: dict[str, Any] | DeploymentSpec) -> Application:
     spec = resolve_placement(parse_spec(args))
     layout = initial_layout(spec)
     # The ingress keeps the spec's bound itself (`edge/admission.py`), so that a refusal speaks the route's protocol.
-    ingress = Ingress.options(ray_actor_options=replica_actor_options(spec.serving.num_cpus_ingress),
+    ingress = Ingress.options(ray_actor_options=ingress_actor_options(spec),
                               **serve_limits(spec.serving.ingress_max_ongoing_requests,
                                              spec.serving.ingress_max_queued_requests),
                               backpressure_config=BackpressureConfig(
@@ -207,7 +233,8 @@ def build_app(args: dict[str, Any] | DeploymentSpec) -> Application:
                               for g in spec.placement.groups])
         groups = [_bind_group(spec, i, group, version=0) for i, group in enumerate(layout.slots)]
     grouped = spec.placement.models() if spec.placement is not None else set()
-    handles = {model.name: _bind_model(spec, model) for model in spec.models if model.name not in grouped}
+    handles = {model.name: _bind_model(spec, model) for model in spec.models
+               if model.name not in grouped and model.in_ingress != "always"}
     controller = None
     if spec.controller_enabled():
         controller = PlacementController.options(
@@ -216,4 +243,4 @@ def build_app(args: dict[str, Any] | DeploymentSpec) -> Application:
     logger.info("plexserve app: %d models, %d group slots, %d single-model deployments, controller %s",
                 len(spec.models), len(groups), len(handles), "on" if controller is not None else "off")
     return ingress.bind(spec.model_dump(mode="json"), model_handles=handles, group_handles=groups,
-                        controller=controller)
+                        controller=controller, device_resource=ingress_device_resource(spec))

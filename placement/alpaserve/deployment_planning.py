@@ -49,11 +49,12 @@ def parse_planning(data: dict[str, Any]) -> DeploymentPlanning:
 
 
 def planning_spec(spec: DeploymentSpec, models: list[str] | None = None) -> PlanSpec:
-    """The planning spec of a deployment spec's `planning` section, for `models` (default: all of the spec's)."""
+    """The planning spec of a deployment spec's `planning` section, for `models` (default: the spec's models that
+    run outside the ingress)."""
     if spec.planning is None:
         raise ValueError("the spec has neither a placement nor a planning section")
     planning = parse_planning(spec.planning)
-    names = models if models is not None else [m.name for m in spec.models]
+    names = models if models is not None else [m.name for m in spec.models if m.in_ingress == "never"]
     return PlanSpec(
         profiles=planning.profiles, models=names, slo_ms={name: spec.model(name).slo_ms for name in names},
         workload=planning.workload, cluster=spec.cluster, planner=planning.planner, simulation=planning.simulation,
@@ -86,7 +87,7 @@ def plan_deployment(spec: DeploymentSpec, base_dir: str | Path = ".") -> Placeme
     plan_spec = planning_spec(spec)
     profiles, names, workload = prepare(plan_spec, Path(base_dir))
     placement = run_planner(plan_spec, profiles, names, workload)
-    unplaced = sorted({m.name for m in spec.models} - placement.models())
+    unplaced = sorted(set(plan_spec.models) - placement.models())
     if unplaced:
         raise ValueError(f"the planner placed no replica of {unplaced} on {spec.cluster.num_devices} devices; "
                          "add devices or give a placement")

@@ -130,6 +130,16 @@ class ModelSpec(_Strict):
         description="Serve autoscaling of the model's single-model deployment, in place of num_replicas; null: a "
                     "fixed num_replicas. Unused while the model is in a device group.")
     num_cpus_per_replica: float = Field(default=0.5, gt=0, description="Logical CPUs reserved by each replica.")
+    in_ingress: Literal["never", "when_idle", "always"] = Field(
+        default="never",
+        description="Text models in no device group: where the model's serving engine (ConcatBatching) runs. 'never': "
+                    "in a deployment of its own (`model-<name>`), one process hop behind the ingress. 'always': in "
+                    "every ingress replica instead, so a request crosses one process boundary (proxy to ingress) "
+                    "instead of two; the model scales with the ingress's replicas. 'when_idle': both; a request that "
+                    "finds the model with nothing in flight runs in the ingress at once, every other goes to the "
+                    "deployment (under load its own process computes beside the ingress's HTTP work). On top of "
+                    "serving.num_cpus_ingress, the ingress reserves the model's device share, and with 'always' its "
+                    "num_cpus_per_replica.")
     device_share_per_replica: float | None = Field(
         default=None, gt=0, le=1,
         description="Single-model deployments on a GPU cluster (`cluster.device_resource: GPU`): share of one GPU each "
@@ -159,11 +169,16 @@ class ModelSpec(_Strict):
         if self.autoscaling is not None and self.num_replicas != 1:
             raise ValueError(f"num_replicas ({self.num_replicas}) and autoscaling exclude each other: autoscaling "
                              "sizes the deployment between autoscaling.min_replicas and autoscaling.max_replicas")
+        if self.in_ingress == "always" and (self.autoscaling is not None or self.num_replicas != 1):
+            raise ValueError("in_ingress 'always': the model runs in every ingress replica and scales with them; "
+                             "num_replicas and autoscaling do not apply")
         if self.kind == "vision":
             if not self.source.startswith("timm:"):
                 raise ValueError("vision models need source 'timm:<architecture>'")
             if self.max_input_length_tokens is not None:
                 raise ValueError("max_input_length_tokens applies to text models only")
+            if self.in_ingress != "never":
+                raise ValueError("in_ingress applies to text models only")
         else:
             if self.source.startswith("timm:"):
                 raise ValueError("text models cannot use a 'timm:' source")
@@ -384,6 +399,20 @@ class DeploymentSpec(_Strict):
         if self.placement.num_devices > self.cluster.num_devices:
             raise ValueError(f"placement uses {self.placement.num_devices} devices; cluster.num_devices is "
                              f"{self.cluster.num_devices}")
+        return self
+
+    @model_validator(mode="after")
+    def _check_in_ingress(self) -> "DeploymentSpec":
+        grouped = self.placement.models() if self.placement is not None else set()
+        for model in self.models:
+            if model.in_ingress == "never":
+                continue
+            if model.name in grouped:
+                raise ValueError(f"model {model.name!r} sets in_ingress and is in a placement group: a grouped model "
+                                 "runs in its group's stage actors")
+            if self.policy("polymorphing", model.name) is not None:
+                raise ValueError(f"model {model.name!r} sets in_ingress and has a polymorphing policy: Arlo's "
+                                 "runtimes are deployments of their own")
         return self
 
     @model_validator(mode="after")

@@ -60,8 +60,10 @@ async def _grouped_ready(ingress: "Ingress", models: set[str]) -> dict[str, bool
 async def models_ready(ingress: "Ingress", names: list[str] | None = None) -> dict[str, bool]:
     """Per model (all served models unless `names`), whether it can answer now."""
     names = [m.name for m in ingress.spec.models] if names is None else names
+    local = ingress.backend.singles.local
     singles = [name for name in names if name in ingress.backend.singles.handles]
-    ready = await _grouped_ready(ingress, set(names) - set(singles))
+    ready = await _grouped_ready(ingress, set(names) - set(singles) - set(local))
+    ready.update({name: local[name].engine.healthy() for name in names if name in local})
     if singles:
         try:
             statuses = await asyncio.wait_for(asyncio.to_thread(_deployment_statuses), READINESS_TIMEOUT_S)

@@ -1,6 +1,7 @@
 """Where the ingress sends a validated request: per-model deployments, or device groups chosen by dispatch.
 
-`ModelDeploymentBackend` serves the models in no device group: each has its own replicated deployment.
+`ModelDeploymentBackend` serves the models in no device group: each has its own replicated deployment, or its engine
+in the ingress process (`in_ingress`: always, or while the model has nothing in flight).
 `GroupBackend` serves the models of a placement's groups: a `GroupDispatcher` picks the group (shortest queue
 with SLO admission by default, AlpaServe §4.3) and a request no group can finish in time is refused with 503 at
 once. `ModelRouterBackend` sends each model to the one of the two that serves it.
@@ -8,6 +9,7 @@ once. `ModelRouterBackend` sends each model to the one of the two that serves it
 
 from __future__ import annotations
 
+import time
 from typing import Any, Protocol
 
 from ray.serve.handle import DeploymentHandle
@@ -40,8 +42,21 @@ class Backend(Protocol):
     def describe(self) -> dict[str, Any]: ...
 
 
+async def call_in_process(server: Any, model: str, method: str, payload: Any, deadline_s: float,
+                          options: dict[str, Any]) -> Any:
+    """A request to a model whose engine runs in this process (`in_ingress`): a text request enters the engine
+    directly with what is left of its SLO, so it is batched with the others there; no call crosses a process."""
+    if method == TEXT_METHOD and not options:
+        (outcome,) = await server.embed_batch(model, [payload], [deadline_s - time.monotonic()])
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+    return await getattr(server, method)(payload, **options)
+
+
 class ModelDeploymentBackend:
-    """One deployment per model: the request goes to its model's deployment (Serve picks the replica).
+    """One deployment per model: the request goes to its model's deployment (Serve picks the replica), or, for a
+    model with `in_ingress`, to its engine in this replica (`local`).
 
     No SLO admission here (with closed-loop clients at capacity, each refusal's CPU cost lowers throughput and
     causes more refusals; `benchmarks/serve_e2e.py` shows it): the bound on what waits is the ingress's
@@ -49,13 +64,32 @@ class ModelDeploymentBackend:
     (`rayserve_apps/edge/admission.py`).
     """
 
-    def __init__(self, handles: dict[str, DeploymentHandle], batched_models: set[str] | frozenset[str] = frozenset()):
+    def __init__(self, handles: dict[str, DeploymentHandle], batched_models: set[str] | frozenset[str] = frozenset(),
+                 local: dict[str, Any] | None = None):
         self.handles = handles
+        #: Model -> its `TextModelServer` in this process (models with `in_ingress`).
+        self.local = dict(local or {})
         #: Models whose deployment takes batched calls (`embed_batch`: the text replica; Arlo's router does not).
         self.batched_models = frozenset(batched_models)
         self.forwarders: dict[str, BatchForwarder] = {}
 
+    def serves(self, model: str) -> bool:
+        return model in self.handles or model in self.local
+
+    def _runs_here(self, model: str) -> bool:
+        """The request goes to the engine in this process: the model has no deployment (`in_ingress: always`), or
+        nothing of it is in flight (`when_idle`: a lone request skips the hop, load goes to the deployment)."""
+        server = self.local.get(model)
+        if server is None:
+            return False
+        if model not in self.handles:
+            return True
+        forwarder = self.forwarders.get(model)
+        return (forwarder is None or forwarder.idle) and server.engine.queued == 0 and server.engine.in_flight == 0
+
     async def call(self, model: str, method: str, payload: Any, deadline_s: float, options: dict[str, Any]) -> Any:
+        if self._runs_here(model):
+            return await call_in_process(self.local[model], model, method, payload, deadline_s, options)
         if method == TEXT_METHOD and not options and model in self.batched_models:
             if model not in self.forwarders:
                 self.forwarders[model] = BatchForwarder(_batched_sender(self.handles[model], model))
@@ -63,7 +97,7 @@ class ModelDeploymentBackend:
         return await getattr(self.handles[model], method).remote(payload, **options)
 
     def describe(self) -> dict[str, Any]:
-        return {"deployments": {model: f"model-{model}" for model in self.handles}}
+        return {"deployments": {model: f"model-{model}" for model in self.handles}, "in_ingress": sorted(self.local)}
 
 
 class GroupBackend:
@@ -118,13 +152,14 @@ class ModelRouterBackend:
         self.singles = singles
 
     async def call(self, model: str, method: str, payload: Any, deadline_s: float, options: dict[str, Any]) -> Any:
-        if model in self.singles.handles or self.groups is None:
+        if self.singles.serves(model) or self.groups is None:
             return await self.singles.call(model, method, payload, deadline_s, options)
         return await self.groups.call(model, method, payload, deadline_s, options)
 
     def describe(self) -> dict[str, Any]:
         layout: dict[str, Any] = {"mode": "groups" if self.groups is not None else "per_model",
-                                  "single_model_deployments": self.singles.describe()["deployments"]}
+                                  "single_model_deployments": self.singles.describe()["deployments"],
+                                  "in_ingress": sorted(self.singles.local)}
         if self.groups is not None:
             layout.update(self.groups.describe())
         return layout

@@ -40,6 +40,7 @@ from ray import serve
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 
+from models.device import CPU_RESOURCE
 from models.text_encoder import TextTokenizer, load_text_tokenizer, text_embedding_width
 from placement.alpaserve.placement_rollout import SlotLayout
 from placement.core.deployment_spec import DeploymentSpec, ModelSpec, parse_spec
@@ -63,6 +64,7 @@ from rayserve_apps.edge.schemas import (
 from rayserve_apps.ingress.backends import Backend, GroupBackend, ModelDeploymentBackend, ModelRouterBackend
 from rayserve_apps.ingress.request_clock import REQUEST_START_HEADER, Received, received_at, receiving
 from rayserve_apps.ingress.traffic_reporter import TrafficReporter
+from rayserve_apps.replicas.text import TextModelServer
 from rayserve_apps.requests import (
     ImageContract,
     RequestError,
@@ -85,6 +87,10 @@ ADMISSION = Admission()
 app.add_middleware(AdmissionGate, admission=ADMISSION)
 
 
+def _dump(policy: Any) -> dict[str, Any] | None:
+    return policy.model_dump(mode="json") if policy is not None else None
+
+
 def describe_model(model: ModelSpec, text_limit: int | None) -> dict[str, Any]:
     """The public description of a served model, as `GET /v1/models` lists it."""
     description: dict[str, Any] = {"name": model.name, "kind": model.kind, "slo_ms": model.slo_ms}
@@ -100,10 +106,13 @@ def describe_model(model: ModelSpec, text_limit: int | None) -> dict[str, Any]:
 @serve.deployment
 @serve.ingress(app)
 class Ingress:
-    """Validates, tokenizes and forwards each request to the deployment of its model."""
+    """Validates, tokenizes and forwards each request to the deployment of its model, or, for a model with
+    `in_ingress`, to its engine in this replica. `device_resource`: what those engines compute on (the cluster's
+    device resource when this replica reserved a share of it)."""
 
     def __init__(self, spec: dict, model_handles: dict[str, DeploymentHandle] | None = None,
-                 group_handles: list[DeploymentHandle] | None = None, controller: DeploymentHandle | None = None):
+                 group_handles: list[DeploymentHandle] | None = None, controller: DeploymentHandle | None = None,
+                 device_resource: str = CPU_RESOURCE):
         self.spec: DeploymentSpec = parse_spec(spec)
         self.group_handles = group_handles or []
         layout = SlotLayout.from_placement(self.spec.placement, len(self.group_handles))
@@ -113,7 +122,12 @@ class Ingress:
                         if controller and self.spec.controller else None)
         batched = {m.name for m in self.spec.models
                    if m.kind == "text" and polymorphing_params(self.spec, m.name) is None}
-        self.backend: Backend = ModelRouterBackend(self.groups, ModelDeploymentBackend(model_handles or {}, batched))
+        #: Models with `in_ingress` "always" or "when_idle": their engines run here, one per ingress replica.
+        local = {m.name: TextModelServer(m.model_dump(mode="json"), _dump(self.spec.policy("batching", m.name)),
+                                         device_resource)
+                 for m in self.spec.models if m.in_ingress != "never"}
+        self.singles = ModelDeploymentBackend(model_handles or {}, batched, local)
+        self.backend: Backend = ModelRouterBackend(self.groups, self.singles)
         self.attainment = SloAttainment()
         self.tokenizers: dict[str, TextTokenizer] = {
             m.name: load_text_tokenizer(m.source) for m in self.spec.models if m.kind == "text"
@@ -137,6 +151,12 @@ class Ingress:
         if params is not None:
             limit = min(limit, max(params.capacities))
         return limit
+
+    def check_health(self) -> None:
+        """Serve's health check: the engines of `in_ingress` models in this replica must still run."""
+        for model, server in self.singles.local.items():
+            if not server.engine.healthy():
+                raise RuntimeError(f"the serving engine of {model!r} in the ingress died")
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """Adopt the slots' groups and routes of a re-placement step without a restart; see `control/live_update.py`."""

@@ -52,6 +52,11 @@ class BatchForwarder:
         self._in_flight = 0
         self._flush_scheduled = False
 
+    @property
+    def idle(self) -> bool:
+        """Nothing waits here and no call is on its way."""
+        return not self._waiting and self._in_flight == 0
+
     async def forward(self, payload: Any, deadline_s: float) -> Any:
         """Send one request (with its deadline on `clock`) in the next batched call; its own result or error."""
         loop = asyncio.get_running_loop()

@@ -64,9 +64,9 @@ def text_batch_metrics(model: str):
     return record
 
 
-@serve.deployment(max_ongoing_requests=MAX_ONGOING_REQUESTS)
-class TextModelDeployment:
-    """Hosts one text encoder; `embed_batch` / `embed_token_ids` are its API."""
+class TextModelServer:
+    """Hosts one text encoder; `embed_batch` / `embed_token_ids` are its API. The replica of a model's own
+    deployment (`TextModelDeployment`), or an object in the ingress replica for a model with `in_ingress`."""
 
     def __init__(self, model_spec: dict, batching_policy: dict | None = None, device_resource: str = CPU_RESOURCE):
         self.spec = ModelSpec.model_validate(model_spec)
@@ -139,3 +139,7 @@ class TextModelDeployment:
         if not self.engine.healthy():
             raise RuntimeError("the serving engine's batch loop died")
 
+
+#: The model's own deployment (`model-<name>`): a `TextModelServer` per replica.
+TextModelDeployment = serve.deployment(name="TextModelDeployment", max_ongoing_requests=MAX_ONGOING_REQUESTS)(
+    TextModelServer)

@@ -49,6 +49,24 @@ def test_every_model_is_listed_and_placed(local_app):
     layout = requests.get(f"{local_app['url']}/v1/placement", timeout=60).json()
     assert layout["groups"][0]["models"] == ["minilm-64"]
     assert sorted(layout["single_model_deployments"]) == ["digits-vit", "minilm"]
+    assert layout["in_ingress"] == ["minilm"]
+
+
+def test_a_lone_request_runs_in_the_ingress_and_a_burst_reaches_the_deployment(local_app):
+    """minilm has `in_ingress: when_idle`: requests one after another never reach its text replica; requests at
+    once do, and every one is answered."""
+    replica = serve.get_deployment_handle("model-minilm", "plexserve")
+    url = f"{local_app['url']}/v1/models/minilm/embed"
+    before = replica.stats.remote().result(timeout_s=60)["texts"]
+    for index in range(3):
+        lone = requests.post(url, json={"texts": [f"a lone request {index}"]}, timeout=120)
+        assert lone.status_code == 200, lone.text
+    assert replica.stats.remote().result(timeout_s=60)["texts"] == before
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda i: requests.post(url, json={"texts": [f"one of a burst {i}"]}, timeout=300),
+                                range(16)))
+    assert [a.status_code for a in answers] == [200] * 16
+    assert replica.stats.remote().result(timeout_s=60)["texts"] > before
 
 
 def test_text_models_equal_the_single_process_model(local_app):

@@ -102,3 +102,23 @@ def test_autoscaling_replaces_num_replicas_and_checks_its_bounds():
         parse_spec({"models": [{**MINILM, "autoscaling": {"max_replicas": 2, "initial_replicas": 3}}]})
     with pytest.raises(ValueError, match=r"models\.0\.autoscaling\.target_ongoing_requests"):
         parse_spec({"models": [{**MINILM, "autoscaling": {"target_ongoing_requests": 0}}]})
+
+
+def test_in_ingress_is_checked_against_kind_replicas_groups_and_polymorphing():
+    assert parse_spec({"models": [MINILM]}).models[0].in_ingress == "never"
+    when_idle = parse_spec({"models": [{**MINILM, "in_ingress": "when_idle", "num_replicas": 2}]}).models[0]
+    assert when_idle.num_replicas == 2
+    with pytest.raises(ValueError, match=r"models\.0\.in_ingress"):
+        parse_spec({"models": [{**MINILM, "in_ingress": "sometimes"}]})
+    vision = {"name": "vit", "kind": "vision", "source": "timm:vit_tiny_patch16_224", "in_ingress": "always"}
+    with pytest.raises(ValueError, match="in_ingress applies to text models only"):
+        parse_spec({"models": [vision]})
+    with pytest.raises(ValueError, match="in_ingress 'always'.*num_replicas and autoscaling do not apply"):
+        parse_spec({"models": [{**MINILM, "in_ingress": "always", "num_replicas": 2}]})
+    with pytest.raises(ValueError, match="'minilm' sets in_ingress and is in a placement group"):
+        parse_spec({"models": [{**MINILM, "in_ingress": "when_idle"}],
+                    "placement": {"groups": [{"num_devices": 1, "models": ["minilm"],
+                                               "config": {"intra_op_degree": 1, "pipeline_stages": 1}}]}})
+    arlo = {"name": "arlo", "params": {"capacities": {"64": 10.0}}}
+    with pytest.raises(ValueError, match="'minilm' sets in_ingress and has a polymorphing policy"):
+        parse_spec({"models": [{**MINILM, "in_ingress": "always", "policies": {"polymorphing": arlo}}]})
