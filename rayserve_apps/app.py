@@ -84,6 +84,7 @@ def model_device_resource(model: ModelSpec, device_resource: str) -> str:
     it (`model_actor_options`), else the CPU (`models.device.select_device` then keeps the model there)."""
     return device_resource if model.device_share_per_replica is not None else CPU_RESOURCE
 
+
 def _in_ingress_share(spec: DeploymentSpec) -> float | None:
     shares = [m.device_share_per_replica for m in spec.models
               if m.in_ingress != "never" and m.device_share_per_replica]
