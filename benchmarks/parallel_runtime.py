@@ -46,6 +46,7 @@ predicted throughput goes to benchmarks/out/.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -341,10 +342,12 @@ def stage_memory(group: ModelParallelGroup, profile: ModelLayerProfile) -> list[
 def gpu_share_per_actor(num_gpus: int, actors_alive: int) -> float:
     """The share of a GPU each of `actors_alive` stage actors reserves so that all of them hold their shares on
     `num_gpus` GPUs at once (a share sized for fewer actors leaves the last ones waiting for a GPU that never
-    frees); at most one GPU each, and none without GPUs."""
+    frees): Ray never splits a fractional share across GPUs, so each GPU holds a whole number of shares, 1 / the
+    actors per GPU (5 actors on 2 GPUs: 3 per GPU, a third each; 0.4 each would leave the fifth without a GPU);
+    at most one GPU each, and none without GPUs."""
     if num_gpus <= 0:
         return 0.0
-    return min(1.0, num_gpus / actors_alive)
+    return 1.0 / math.ceil(actors_alive / num_gpus)
 
 
 def planned_vs_even(directory: str, comm, args) -> dict:

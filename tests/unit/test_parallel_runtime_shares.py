@@ -11,7 +11,12 @@ from benchmarks.parallel_runtime import gpu_share_per_actor
 def test_the_actors_alive_at_once_fit_on_the_gpus(num_gpus, actors):
     share = gpu_share_per_actor(num_gpus, actors)
     assert 0 < share <= 1.0
-    assert actors * share <= num_gpus + 1e-9
+    # Ray places a fractional share on one GPU: each GPU holds floor(1 / share) of them.
+    assert num_gpus * int(1.0 / share + 1e-9) >= actors
+
+
+def test_five_actors_on_two_gpus_take_a_third_each():
+    assert gpu_share_per_actor(2, 5) == pytest.approx(1 / 3)
 
 
 def test_a_share_sized_for_fewer_actors_would_not_fit_the_planned_vs_even_groups():
