@@ -160,7 +160,8 @@ def make_texts(count: int, mix: str = "short", seed: int = 0, vocab: list[str] |
 #: The share of a GPU the plain app reserves with `--device cuda` (it runs beside plexserve's replicas).
 PLAIN_GPU_SHARE = 0.1
 #: With `--device cuda`, the share of a GPU each of plexserve's single-model replicas reserves where the config
-#: names none (`device_share_per_replica`): the config's three models and the plain app fit on one GPU.
+#: names none (`device_share_per_replica`): the config's three models, the ingress (with minilm's engine, `in_ingress`)
+#: and the plain app fit on one GPU.
 PLEXSERVE_GPU_SHARE = 0.2
 DEVICES = ("cpu", "cuda")
 

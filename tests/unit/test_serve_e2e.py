@@ -239,11 +239,14 @@ def test_on_cuda_every_model_reserves_a_gpu_share_and_groups_fit_the_gpus(monkey
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda index: type("Properties", (), {"total_memory": 141 * 2**30})())
     from placement.core.deployment_spec import DeploymentSpec
+    from rayserve_apps.app import ingress_actor_options
 
     spec = e2e.plexserve_args(device="cuda")
-    DeploymentSpec.model_validate(spec)
+    parsed = DeploymentSpec.model_validate(spec)
     assert spec["cluster"]["device_resource"] == "GPU" and spec["cluster"]["num_devices"] == 1
     assert all(model["device_share_per_replica"] == e2e.PLEXSERVE_GPU_SHARE for model in spec["models"])
-    assert len(spec["models"]) * e2e.PLEXSERVE_GPU_SHARE + e2e.PLAIN_GPU_SHARE <= 1.0
+    # Every model's replica, the ingress (holding the engines of in_ingress models) and the plain app on one GPU.
+    ingress_share = ingress_actor_options(parsed).get("num_gpus", 0.0)
+    assert len(spec["models"]) * e2e.PLEXSERVE_GPU_SHARE + ingress_share + e2e.PLAIN_GPU_SHARE <= 1.0
     assert all(group["num_devices"] <= 1 for group in (spec.get("placement") or {}).get("groups", []))
     assert all("device_share_per_replica" not in model for model in e2e.plexserve_args()["models"])
