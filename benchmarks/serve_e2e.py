@@ -105,6 +105,8 @@ FULL_DURATIONS_S = (4.0, 25.0)
 UNPARSED_PREFIX_CHARS = 40
 #: Batch sizes tried for the in-process compute bound.
 COMPUTE_BOUND_BATCH_SIZES = (8, 16, 32, 64)
+#: Texts of the in-process compute bound's sample (the first of the mix's texts, drawn in random order).
+COMPUTE_BOUND_TEXTS = 64
 
 PLEXSERVE_CONFIG = REPO / "configs" / "local.yaml"
 #: How Serve's HTTP path runs, each in a Ray of its own (the switches are read when Ray's processes start).
@@ -352,10 +354,23 @@ def free_port() -> int:
 
 # ---- in-process compute bound ----
 
+def _texts_per_s_in_whole_passes(chunks: list[list], run, seconds: float) -> float:
+    """Texts/s of `run` over every chunk in turn, in whole passes until `seconds` have passed (one pass at least),
+    so that every length of the sample counts as often as it occurs."""
+    done, start = 0, time.perf_counter()
+    while done == 0 or time.perf_counter() - start < seconds:
+        for chunk in chunks:
+            run(chunk)
+            done += len(chunk)
+    return done / (time.perf_counter() - start)
+
+
 def compute_bound(texts: list[str], seconds: float, device: str = "cpu") -> dict:
-    """Texts/s of MiniLM in this process on the same texts, on `device`: the best of length-sorted padded batches
-    and ConcatBatching packs at each batch size, with as many torch threads as the machine has cores, each batch's
-    embeddings brought back to the CPU as a replica answers them."""
+    """Texts/s of MiniLM in this process on `COMPUTE_BOUND_TEXTS` of the same texts, on `device`: the best of
+    length-sorted padded batches and ConcatBatching packs at each batch size, with as many torch threads as the
+    machine has cores, each batch's embeddings brought back to the CPU as a replica answers them. Each figure runs
+    whole passes over the sample (`_texts_per_s_in_whole_passes`): a window that ends within a pass over sorted
+    batches would count only the shortest texts."""
     import torch
 
     from models.packed_text import ConcatBatchingEngine
@@ -364,27 +379,18 @@ def compute_bound(texts: list[str], seconds: float, device: str = "cpu") -> dict
     torch.set_num_threads(os.cpu_count() or 1)
     encoder = load_text_encoder()
     encoder.model.to(device)
-    token_ids = encoder.text_tokenizer.encode(texts)
+    token_ids = encoder.text_tokenizer.encode(texts[:COMPUTE_BOUND_TEXTS])
+    longest = max(len(ids) for ids in token_ids)
     results = {}
     for batch in COMPUTE_BOUND_BATCH_SIZES:
         ordered = sorted(token_ids, key=len)
-        chunks = [ordered[i:i + batch] for i in range(0, len(ordered), batch)]
-        done, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            chunk = chunks[done % len(chunks)]
-            encoder.embed_token_ids(chunk).cpu()
-            done += 1
-        results[f"sorted_padded_{batch}"] = done * batch / (time.perf_counter() - start)
-    longest = max(len(ids) for ids in token_ids)
+        results[f"sorted_padded_{batch}"] = _texts_per_s_in_whole_passes(
+            [ordered[i:i + batch] for i in range(0, len(ordered), batch)],
+            lambda chunk: encoder.embed_token_ids(chunk).cpu(), seconds)
     for batch in COMPUTE_BOUND_BATCH_SIZES:
         engine = ConcatBatchingEngine(encoder, row_length_tokens=max(longest, 64), num_rows=max(1, batch // 4))
-        done, start, index = 0, time.perf_counter(), 0
-        while time.perf_counter() - start < seconds:
-            chunk = token_ids[index:index + batch] or token_ids[:batch]
-            index = (index + batch) % len(token_ids)
-            engine.embed(chunk)
-            done += len(chunk)
-        results[f"packed_{batch}"] = done / (time.perf_counter() - start)
+        results[f"packed_{batch}"] = _texts_per_s_in_whole_passes(
+            [token_ids[i:i + batch] for i in range(0, len(token_ids), batch)], engine.embed, seconds)
     best = max(results, key=results.get)
     log.info("in-process compute bound: %s", {k: round(v, 1) for k, v in results.items()})
     return {"best": best, "texts_per_s": results[best], "all": results}
