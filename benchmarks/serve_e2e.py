@@ -381,9 +381,9 @@ def compute_bound(texts: list[str], seconds: float, device: str = "cpu") -> dict
     encoder.model.to(device)
     token_ids = encoder.text_tokenizer.encode(texts[:COMPUTE_BOUND_TEXTS])
     longest = max(len(ids) for ids in token_ids)
+    ordered = sorted(token_ids, key=len)
     results = {}
     for batch in COMPUTE_BOUND_BATCH_SIZES:
-        ordered = sorted(token_ids, key=len)
         results[f"sorted_padded_{batch}"] = _texts_per_s_in_whole_passes(
             [ordered[i:i + batch] for i in range(0, len(ordered), batch)],
             lambda chunk: encoder.embed_token_ids(chunk).cpu(), seconds)

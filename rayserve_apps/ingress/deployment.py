@@ -87,10 +87,6 @@ ADMISSION = Admission()
 app.add_middleware(AdmissionGate, admission=ADMISSION)
 
 
-def _dump(policy: Any) -> dict[str, Any] | None:
-    return policy.model_dump(mode="json") if policy is not None else None
-
-
 def describe_model(model: ModelSpec, text_limit: int | None) -> dict[str, Any]:
     """The public description of a served model, as `GET /v1/models` lists it."""
     description: dict[str, Any] = {"name": model.name, "kind": model.kind, "slo_ms": model.slo_ms}
@@ -123,7 +119,7 @@ class Ingress:
         batched = {m.name for m in self.spec.models
                    if m.kind == "text" and polymorphing_params(self.spec, m.name) is None}
         #: Models with `in_ingress` "always" or "when_idle": their engines run here, one per ingress replica.
-        local = {m.name: TextModelServer(m.model_dump(mode="json"), _dump(self.spec.policy("batching", m.name)),
+        local = {m.name: TextModelServer(m.model_dump(mode="json"), self.spec.policy("batching", m.name),
                                          device_resource)
                  for m in self.spec.models if m.in_ingress != "never"}
         self.singles = ModelDeploymentBackend(model_handles or {}, batched, local)

@@ -27,7 +27,7 @@ from models.packed_text import PackedTextEncoder
 from models.text_encoder import load_text_encoder
 from ops.concat_attention import SEGMENT_ATTENTION
 from ops.packing import PackedBatch
-from placement.core.deployment_spec import ModelSpec
+from placement.core.deployment_spec import ModelSpec, PolicySpec
 from rayserve_apps import metrics
 from rayserve_apps._threads import LoadFollowingThreads, set_torch_threads_for
 from rayserve_apps.engine import (
@@ -68,7 +68,8 @@ class TextModelServer:
     """Hosts one text encoder; `embed_batch` / `embed_token_ids` are its API. The replica of a model's own
     deployment (`TextModelDeployment`), or an object in the ingress replica for a model with `in_ingress`."""
 
-    def __init__(self, model_spec: dict, batching_policy: dict | None = None, device_resource: str = CPU_RESOURCE):
+    def __init__(self, model_spec: dict, batching_policy: PolicySpec | dict | None = None,
+                 device_resource: str = CPU_RESOURCE):
         self.spec = ModelSpec.model_validate(model_spec)
         set_torch_threads_for(self.spec.num_cpus_per_replica)
         #: CUDA when this replica reserved a GPU share and torch sees it (`models.device.select_device`); the
